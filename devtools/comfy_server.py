@@ -1,0 +1,108 @@
+"""A real ComfyUI server on 127.0.0.1 for tests and the demo: free port, its own base directory,
+in-memory database, bounded waits, stopped by its own PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+from .paths import COMFYUI_DIR, VENV_PYTHON, make_base_directory
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ComfyServer:
+    def __init__(self, base_dir: str, port: int | None = None, log_path: str | None = None):
+        self.base_dir = make_base_directory(base_dir)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path or os.path.join(base_dir, "comfyui.log")
+        self.process: subprocess.Popen | None = None
+        self.client_id = uuid.uuid4().hex
+
+    def start(self, timeout: float = 180.0) -> "ComfyServer":
+        log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [VENV_PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+             "--base-directory", self.base_dir, "--database-url", "sqlite:///:memory:",
+             "--disable-auto-launch"],
+            cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.process.returncode} while starting:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/object_info/Wan22Schedule", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"ComfyUI did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=20)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    # --- HTTP API ---
+    def get(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return json.loads(r.read())
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def queue(self, prompt: dict) -> tuple[int, dict]:
+        """POST /prompt; (status, response). A 400 carries the validation's node_errors."""
+        return self.post("/prompt", {"prompt": prompt, "client_id": self.client_id})
+
+    def wait(self, prompt_id: str, timeout: float = 300.0) -> dict:
+        """The /history entry of a finished prompt."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            history = self.get(f"/history/{prompt_id}")
+            if prompt_id in history and history[prompt_id].get("status", {}).get("completed") is not None:
+                entry = history[prompt_id]
+                if entry["status"].get("status_str") in ("success", "error"):
+                    return entry
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI died:\n{self.log_tail()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout:.0f} s")

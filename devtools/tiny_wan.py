@@ -1,0 +1,168 @@
+"""Tiny randomly-initialised Wan2.2 experts, written in the real file formats.
+
+Nothing can be downloaded here, so tests and the demo build experts of the real architecture at a
+tiny size (head width 128 like the real ones, so the config can be read off the tensors) and write
+them as ComfyUI single files and diffusers folders, which the pack then loads through the real loaders.
+This module uses diffusers directly and none of the pack's code: it is an independent oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from diffusers import WanTransformer3DModel
+from safetensors.torch import save_file
+
+PREFIX = "model.diffusion_model."
+IN_CHANNELS = {"t2v": 16, "i2v": 36}
+SINGLE_FILE_FORMATS = ("fp32", "fp16", "bf16", "fp8_scaled", "fp8_comfy_quant")
+FP8_MAX = 448.0  # largest float8_e4m3fn
+
+
+def tiny_config(task: str = "t2v", num_layers: int = 4, dim: int = 128, ffn_dim: int = 256,
+                text_dim: int = 4096) -> dict:
+    return {"patch_size": [1, 2, 2], "num_attention_heads": dim // 128, "attention_head_dim": 128,
+            "in_channels": IN_CHANNELS[task], "out_channels": 16, "text_dim": text_dim, "freq_dim": 256,
+            "ffn_dim": ffn_dim, "num_layers": num_layers, "cross_attn_norm": True,
+            "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None, "added_kv_proj_dim": None,
+            "rope_max_seq_len": 1024}
+
+
+def make_expert(task: str = "t2v", seed: int = 0, **config) -> WanTransformer3DModel:
+    """A randomly-initialised fp32 expert; the same seed gives the same weights."""
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(**tiny_config(task, **config))
+    with torch.no_grad():  # the default init leaves the modulation tables tiny; make every path matter
+        for name, p in model.named_parameters():
+            if "scale_shift_table" in name:
+                p.normal_(0.0, 0.1)
+    return model.eval().requires_grad_(False)
+
+
+# diffusers name -> original Wan name (the inverse of diffusers' convert_wan_transformer_to_diffusers)
+_TO_ORIGINAL = [
+    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+    ("condition_embedder.time_proj", "time_projection.1"),
+    (".attn1.", ".self_attn."), (".attn2.", ".cross_attn."),
+    (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."), (".to_out.0.", ".o."),
+    (".ffn.net.0.proj.", ".ffn.0."), (".ffn.net.2.", ".ffn.2."),
+    (".norm2.", ".norm3."),  # diffusers' norm2 is the original cross-attention norm3
+]
+
+
+def to_original_layout(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in state_dict.items():
+        new = name
+        if new == "scale_shift_table":
+            new = "head.modulation"
+        elif new.startswith("proj_out."):
+            new = "head.head." + new[len("proj_out."):]
+        elif new.startswith("blocks.") and new.endswith(".scale_shift_table"):
+            new = new[: -len("scale_shift_table")] + "modulation"
+        for a, b in _TO_ORIGINAL:
+            new = new.replace(a, b)
+        out[new] = tensor
+    return out
+
+
+def _is_quantised(name: str) -> bool:
+    """Which weights ComfyUI's fp8 files store in fp8: the linear layers inside the blocks."""
+    return name.startswith("blocks.") and name.endswith(".weight") and any(
+        f".{p}." in name for p in ("q", "k", "v", "o", "0", "2")) and ("_attn." in name or ".ffn." in name)
+
+
+def _fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = weight.abs().max().clamp(min=1e-12).float() / FP8_MAX
+    return (weight.float() / scale).to(torch.float8_e4m3fn), scale.reshape(())
+
+
+def single_file_tensors(model: WanTransformer3DModel, fmt: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, metadata) as ComfyUI's repackaged Wan2.2 files hold them."""
+    original = to_original_layout({k: v.detach().clone() for k, v in model.state_dict().items()})
+    metadata = {"format": "pt"}
+    if fmt in ("fp32", "fp16", "bf16"):
+        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[fmt]
+        return {PREFIX + k: v.to(dtype).contiguous() for k, v in original.items()}, metadata
+    if fmt not in SINGLE_FILE_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
+    tensors = {}
+    for name, value in original.items():
+        if not _is_quantised(name):
+            tensors[PREFIX + name] = value.to(torch.bfloat16).contiguous()
+            continue
+        layer = PREFIX + name[: -len(".weight")]
+        q, scale = _fp8(value)
+        tensors[layer + ".weight"] = q
+        if fmt == "fp8_scaled":  # older format: a marker tensor + per-layer scale_weight / scale_input
+            tensors[layer + ".scale_weight"] = scale
+            tensors[layer + ".scale_input"] = torch.tensor(1.0)
+        else:  # newer format: per-layer comfy_quant JSON + weight_scale
+            conf = json.dumps({"format": "float8_e4m3fn"}).encode()
+            tensors[layer + ".comfy_quant"] = torch.tensor(list(conf), dtype=torch.uint8)
+            tensors[layer + ".weight_scale"] = scale
+    if fmt == "fp8_scaled":
+        tensors[PREFIX + "scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    return tensors, metadata
+
+
+def write_single_file(model: WanTransformer3DModel, path: str, fmt: str = "fp16") -> str:
+    tensors, metadata = single_file_tensors(model, fmt)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(tensors, path, metadata=metadata)
+    return path
+
+
+def write_diffusers_folder(path: str, high: WanTransformer3DModel | None, low: WanTransformer3DModel | None,
+                           boundary_ratio: float | None = 0.875) -> str:
+    """A diffusers Wan2.2 folder: model_index.json, transformer/ (high noise), transformer_2/ (low noise)."""
+    os.makedirs(path, exist_ok=True)
+    index = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1",
+             "scheduler": ["diffusers", "UniPCMultistepScheduler"], "text_encoder": [None, None],
+             "tokenizer": [None, None], "vae": [None, None],
+             "transformer": ["diffusers", "WanTransformer3DModel"] if high is not None else [None, None],
+             "transformer_2": ["diffusers", "WanTransformer3DModel"] if low is not None else [None, None]}
+    if boundary_ratio is not None:
+        index["boundary_ratio"] = boundary_ratio
+    with open(os.path.join(path, "model_index.json"), "w") as f:
+        json.dump(index, f, indent=2)
+    for sub, model in (("transformer", high), ("transformer_2", low)):
+        if model is not None:
+            model.save_pretrained(os.path.join(path, sub), safe_serialization=True)
+    return path
+
+
+# File names as ComfyUI's repackaged Wan2.2 files are named.
+REPACKAGED_NAMES = {
+    ("t2v", "high"): "wan2.2_t2v_high_noise_14B_{fmt}.safetensors",
+    ("t2v", "low"): "wan2.2_t2v_low_noise_14B_{fmt}.safetensors",
+    ("i2v", "high"): "wan2.2_i2v_high_noise_14B_{fmt}.safetensors",
+    ("i2v", "low"): "wan2.2_i2v_low_noise_14B_{fmt}.safetensors",
+}
+EXPERT_SEEDS = {("t2v", "high"): 1, ("t2v", "low"): 2, ("i2v", "high"): 3, ("i2v", "low"): 4}
+
+
+def write_tiny_models(models_dir: str, formats=("fp16",), tasks=("t2v",), diffusers_folders=True,
+                      **config) -> dict:
+    """Writes tiny experts under a ComfyUI models folder; returns {(task, role, fmt): file name} and the
+    fp32 models they were written from, keyed by (task, role)."""
+    names, models = {}, {}
+    for task in tasks:
+        for role in ("high", "low"):
+            model = make_expert(task, EXPERT_SEEDS[(task, role)], **config)
+            models[(task, role)] = model
+            for fmt in formats:
+                name = REPACKAGED_NAMES[(task, role)].format(fmt=fmt)
+                write_single_file(model, os.path.join(models_dir, "diffusion_models", name), fmt)
+                names[(task, role, fmt)] = name
+        if diffusers_folders:
+            folder = f"Wan2.2-{task.upper()}-A14B-tiny-Diffusers"
+            write_diffusers_folder(os.path.join(models_dir, "diffusers", folder), models[(task, "high")],
+                                   models[(task, "low")], boundary_ratio={"t2v": 0.875, "i2v": 0.9}[task])
+            names[(task, "diffusers")] = folder
+    return {"names": names, "models": models}

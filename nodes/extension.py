@@ -1,0 +1,11 @@
+"""The V3 extension: the list of the pack's nodes."""
+
+from comfy_api.latest import ComfyExtension, io
+
+from .loader_nodes import Wan22DiffusersExpertLoader, Wan22ExpertLoader
+from .schedule_nodes import Wan22Schedule
+
+
+class Wan22CacheDiTExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22Schedule]

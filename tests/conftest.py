@@ -1,0 +1,79 @@
+"""Shared fixtures: the pack importable as `wan22_cachedit`, tiny checkpoints, a real ComfyUI."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # for `devtools`
+
+# The pack imported under a package name of its own: its `nodes` package must not shadow ComfyUI's `nodes`.
+if "wan22_cachedit" not in sys.modules:
+    spec = importlib.util.spec_from_file_location("wan22_cachedit", os.path.join(ROOT, "__init__.py"),
+                                                  submodule_search_locations=[ROOT])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wan22_cachedit"] = module
+    spec.loader.exec_module(module)
+
+from devtools import tiny_wan  # noqa: E402
+
+ALL_FORMATS = tiny_wan.SINGLE_FILE_FORMATS
+
+
+def _write_broken_files(models_dir: str, tiny: dict) -> dict:
+    """Files that must be refused: not a Wan transformer, truncated, corrupt, mismatched experts."""
+    import torch
+    from safetensors.torch import save_file
+
+    dm = os.path.join(models_dir, "diffusion_models")
+    names = {}
+    save_file({"model.diffusion_model.conv_in.weight": torch.zeros(4, 4, 3, 3),
+               "model.diffusion_model.conv_out.weight": torch.zeros(4, 4, 3, 3)},
+              os.path.join(dm, "sdxl_unet_like.safetensors"))
+    names["not_wan"] = "sdxl_unet_like.safetensors"
+    good = os.path.join(dm, tiny["names"][("t2v", "low", "fp16")])
+    data = open(good, "rb").read()
+    with open(os.path.join(dm, "wan2.2_t2v_low_noise_truncated.safetensors"), "wb") as f:
+        f.write(data[: len(data) * 2 // 3])
+    names["truncated"] = "wan2.2_t2v_low_noise_truncated.safetensors"
+    with open(os.path.join(dm, "wan2.2_t2v_low_noise_corrupt.safetensors"), "wb") as f:
+        f.write(data[:8] + b"\x00garbage" + data[16:])
+    names["corrupt"] = "wan2.2_t2v_low_noise_corrupt.safetensors"
+    tiny_wan.write_single_file(tiny_wan.make_expert("t2v", 7, dim=256), os.path.join(
+        dm, "wan2.2_t2v_low_noise_wide.safetensors"), "fp16")
+    names["wide"] = "wan2.2_t2v_low_noise_wide.safetensors"
+    tiny_wan.write_single_file(tiny_wan.make_expert("t2v", 8, num_layers=2), os.path.join(
+        dm, "wan2.2_t2v_low_noise_shallow.safetensors"), "fp16")
+    names["shallow"] = "wan2.2_t2v_low_noise_shallow.safetensors"
+    # A diffusers folder with only the high-noise expert.
+    tiny_wan.write_diffusers_folder(os.path.join(models_dir, "diffusers", "Wan2.2-T2V-A14B-high-only"),
+                                    tiny["models"][("t2v", "high")], None)
+    names["diffusers_high_only"] = "Wan2.2-T2V-A14B-high-only"
+    return names
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """A ComfyUI models folder with tiny experts in every format, T2V and I2V, plus broken files."""
+    models_dir = str(tmp_path_factory.mktemp("models"))
+    tiny = tiny_wan.write_tiny_models(models_dir, formats=ALL_FORMATS, tasks=("t2v", "i2v"))
+    tiny["broken"] = _write_broken_files(models_dir, tiny)
+    tiny["dir"] = models_dir
+    return tiny
+
+
+@pytest.fixture(scope="session")
+def comfy(tmp_path_factory, tiny_models):
+    """The pack loaded into a real ComfyUI in this process, with the tiny models in its models folder."""
+    from devtools.comfy_inprocess import InProcessComfy
+
+    base = str(tmp_path_factory.mktemp("comfy_base"))
+    harness = InProcessComfy(base)
+    for kind in ("diffusion_models", "diffusers"):
+        harness.folder_paths.add_model_folder_path(kind, os.path.join(tiny_models["dir"], kind), is_default=True)
+    return harness

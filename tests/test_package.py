@@ -1,0 +1,77 @@
+"""The pack's shape: importable outside ComfyUI, a core that never imports ComfyUI, honest packaging."""
+
+import ast
+import os
+import subprocess
+import sys
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMFY_MODULES = {"comfy", "comfy_api", "comfy_extras", "folder_paths", "nodes", "server", "execution"}
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=300)
+
+
+def test_the_package_imports_outside_comfyui():
+    code = f"""
+import importlib.util, inspect, sys
+spec = importlib.util.spec_from_file_location("pack", {os.path.join(ROOT, "__init__.py")!r},
+                                              submodule_search_locations=[{ROOT!r}])
+pack = importlib.util.module_from_spec(spec); sys.modules["pack"] = pack; spec.loader.exec_module(pack)
+assert inspect.iscoroutinefunction(pack.comfy_entrypoint)
+print(pack.WEB_DIRECTORY)
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert os.path.isdir(os.path.join(ROOT, result.stdout.strip()))
+
+
+def test_the_core_never_imports_comfyui():
+    core = os.path.join(ROOT, "nodes", "core")
+    modules = sorted(f[:-3] for f in os.listdir(core) if f.endswith(".py") and f != "__init__.py")
+    code = f"""
+import importlib, importlib.util, sys
+spec = importlib.util.spec_from_file_location("pack", {os.path.join(ROOT, "__init__.py")!r},
+                                              submodule_search_locations=[{ROOT!r}])
+pack = importlib.util.module_from_spec(spec); sys.modules["pack"] = pack; spec.loader.exec_module(pack)
+for m in {modules!r}:
+    importlib.import_module("pack.nodes.core." + m)
+print(sorted(set(sys.modules) & {COMFY_MODULES!r}))
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    for name in modules:  # and not by a lazy import hidden in a function either
+        tree = ast.parse(open(os.path.join(core, name + ".py")).read())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                     and n.level == 0}
+        assert not imported & COMFY_MODULES, name
+
+
+def test_pyproject_carries_what_the_registry_and_comfyui_read():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        config = tomllib.load(f)
+    project, comfy = config["project"], config["tool"]["comfy"]
+    assert project["name"] == "wan22-cachedit"
+    major, minor, patch = project["version"].split(".")
+    assert all(part.isdigit() for part in (major, minor, patch))
+    assert os.path.isfile(os.path.join(ROOT, project["license"]["file"]))
+    assert comfy["DisplayName"] == "Wan2.2 Cache-DiT" and comfy["PublisherId"] and comfy["requires-comfyui"]
+
+
+def test_requirements_leave_torch_to_comfyui():
+    lines = [l.split("#")[0].strip() for l in open(os.path.join(ROOT, "requirements.txt"))]
+    names = {l.split("=")[0].split(">")[0].split("<")[0].strip().lower() for l in lines if l}
+    assert "diffusers" in names and "cache-dit" in names
+    assert not names & {"torch", "torchvision", "torchaudio"}
+
+
+def test_the_layout_is_the_one_the_design_fixes():
+    for path in ("__init__.py", "nodes", "nodes/core", "web", "tests", "example_workflows", "requirements.txt",
+                 "pyproject.toml", "README.md", "Makefile", ".ci/run", ".gitignore"):
+        assert os.path.exists(os.path.join(ROOT, path)), path
+    ignored = open(os.path.join(ROOT, ".gitignore")).read().split()
+    assert "/.venv/" in ignored and "/.comfyui/" in ignored
