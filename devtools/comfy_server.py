@@ -106,3 +106,50 @@ class ComfyServer:
                 raise RuntimeError(f"ComfyUI died:\n{self.log_tail()}")
             time.sleep(0.2)
         raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout:.0f} s")
+
+    # --- websocket: progress and interruption, as the frontend sees them ---
+    def watch(self, prompt: dict, on_message=None, timeout: float = 300.0) -> tuple[str, list]:
+        """Queues `prompt` and follows its websocket messages to its end. `on_message(message)` may
+        return True to POST /interrupt. Returns (prompt_id, messages)."""
+        import asyncio
+
+        import aiohttp
+
+        async def go():
+            messages = []
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(f"{self.url}/ws?clientId={self.client_id}") as ws:
+                    status, body = self.queue(prompt)
+                    if status != 200:
+                        raise RuntimeError(f"prompt refused: {json.dumps(body)}")
+                    prompt_id = body["prompt_id"]
+                    async with asyncio.timeout(timeout):
+                        async for msg in ws:
+                            if msg.type != aiohttp.WSMsgType.TEXT:
+                                continue
+                            data = json.loads(msg.data)
+                            if data.get("data", {}).get("prompt_id") not in (None, prompt_id):
+                                continue
+                            messages.append(data)
+                            if on_message is not None and on_message(data):
+                                async with session.post(f"{self.url}/interrupt") as r:
+                                    r.raise_for_status()
+                            if data["type"] in ("execution_interrupted", "execution_error", "execution_success"):
+                                return prompt_id, messages
+            raise RuntimeError("the websocket closed before the prompt ended")
+
+        return asyncio.run(go())
+
+    def run_and_interrupt(self, prompt: dict, node_id: str, at_step: int, timeout: float = 300.0):
+        """Queues `prompt` and POSTs /interrupt once node `node_id` reports progress `at_step`."""
+        sent = []
+
+        def interrupt_at(message):
+            data = message.get("data", {})
+            if (not sent and message["type"] == "progress" and data.get("node") == node_id
+                    and data.get("value", 0) >= at_step):
+                sent.append(True)
+                return True
+            return False
+
+        return self.watch(prompt, interrupt_at, timeout)

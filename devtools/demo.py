@@ -1,7 +1,8 @@
-"""`make demo`: a real ComfyUI with the pack on tiny random experts, one prompt queued over HTTP.
+"""`make demo`: a real ComfyUI with the pack on tiny random weights, the shipped demo workflow queued
+over HTTP, and the video, report and timeline written to an output folder.
 
-The experts are tiny and randomly initialised (nothing can be downloaded here): the numbers the demo
-prints are real (the split comes from the real schedule), the weights are not a real model.
+Nothing can be downloaded here, so every weight is tiny and randomly initialised: the mechanics are
+real (schedule, split, both experts, native VAE decode), the pictures are noise.
 """
 
 from __future__ import annotations
@@ -9,33 +10,55 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import sys
 import time
 
 from . import tiny_wan
 from .comfy_server import ComfyServer
-from .paths import ROOT
+from .paths import COMFYUI_DIR, ROOT
 
-DEMO_DIR = os.path.join(ROOT, ".demo")
-HIGH = "wan2.2_t2v_high_noise_14B_fp16.safetensors"
-LOW = "wan2.2_t2v_low_noise_14B_fp16.safetensors"
-
-# The default schedule of the pack's schedule node, on both experts, as an API-format prompt.
-DEMO_PROMPT = {
-    "1": {"class_type": "Wan22ExpertLoader",
-          "inputs": {"high_noise_model": HIGH, "low_noise_model": LOW, "weight_dtype": "default"}},
-    "2": {"class_type": "Wan22Schedule",
-          "inputs": {"experts": ["1", 0], "sampler": "unipc", "steps": 40, "flow_shift": 12.0, "boundary": "auto",
-                     "boundary_ratio": 0.875}},
-    "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 1]}},
-}
+DEMO_DIR = os.environ.get("WAN22_DEMO_DIR", os.path.join(ROOT, ".demo"))
+WORKFLOW = os.path.join(ROOT, "example_workflows", "api", "wan22_tiny_demo.json")
+SAMPLER_NODE, VIDEO_NODE, TIMELINE_NODE, REPORT_NODE = "5", "8", "9", "10"
 
 
-def write_demo_models(models_dir: str) -> None:
-    folder = os.path.join(models_dir, "diffusion_models")
-    if all(os.path.isfile(os.path.join(folder, n)) for n in (HIGH, LOW)):
-        return
-    print("[demo] writing tiny random Wan2.2 T2V experts (fp16) into", folder)
-    tiny_wan.write_tiny_models(models_dir, formats=("fp16",), tasks=("t2v",), diffusers_folders=False)
+def write_demo_models(models_dir: str, workflow: dict) -> None:
+    """The files the demo workflow names, as tiny random stand-ins (written once)."""
+    loader = workflow["1"]["inputs"]
+    experts = [os.path.join(models_dir, "diffusion_models", loader[k]) for k in ("high_noise_model", "low_noise_model")]
+    folder = os.path.join(models_dir, "diffusers", workflow["3"]["inputs"]["model_folder"])
+    vae = os.path.join(models_dir, "vae", workflow["6"]["inputs"]["vae_name"])
+    if not all(os.path.isfile(p) for p in experts):
+        print("[demo] writing tiny random Wan2.2 T2V experts (fp16)")
+        high, low = tiny_wan.make_expert("t2v", 1), tiny_wan.make_expert("t2v", 2)
+        for model, path in zip((high, low), experts):
+            tiny_wan.write_single_file(model, path, "fp16")
+    if not os.path.isdir(os.path.join(folder, "text_encoder")):
+        print("[demo] writing a tiny random umt5 text encoder (diffusers folder)")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "model_index.json"), "w") as f:
+            json.dump({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, f)
+        tiny_wan.write_tiny_text_encoder(folder)
+    if not os.path.isfile(vae):
+        print("[demo] writing a tiny random Wan 2.1 VAE in ComfyUI's format")
+        sys.path.append(COMFYUI_DIR)
+        from comfy.cli_args import args
+        args.cpu = True
+        tiny_wan.write_tiny_wan_vae(vae)
+
+
+def progress_printer():
+    def on_message(message):
+        data = message.get("data", {})
+        if message["type"] == "progress" and data.get("node") == SAMPLER_NODE:
+            done, total = data["value"], data["max"]
+            bar = "#" * int(30 * done / total)
+            print(f"\r[demo] sampling [{bar:<30}] {done}/{total}", end="", flush=True)
+            if done == total:
+                print()
+        return False
+    return on_message
 
 
 def main() -> int:
@@ -43,40 +66,51 @@ def main() -> int:
     parser.add_argument("--keep-running", action="store_true", help="leave ComfyUI running for a browser")
     args = parser.parse_args()
 
+    with open(WORKFLOW) as f:
+        workflow = json.load(f)
     base = os.path.join(DEMO_DIR, "comfyui")
     os.makedirs(base, exist_ok=True)
-    write_demo_models(os.path.join(base, "models"))
+    write_demo_models(os.path.join(base, "models"), workflow)
     out_dir = os.path.join(DEMO_DIR, "output")
-    os.makedirs(out_dir, exist_ok=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
 
     server = ComfyServer(base)
     print(f"[demo] starting ComfyUI 0.30.0 with the pack on {server.url} (log: {server.log_path})")
     started = time.monotonic()
     server.start()
     try:
-        print(f"[demo] ComfyUI is up after {time.monotonic() - started:.0f} s; queueing the demo prompt over HTTP")
-        status, body = server.queue(DEMO_PROMPT)
-        if status != 200:
-            print("[demo] the prompt was refused:", json.dumps(body, indent=2))
-            return 1
-        entry = server.wait(body["prompt_id"], timeout=300)
+        print(f"[demo] ComfyUI is up after {time.monotonic() - started:.0f} s; queueing "
+              f"{os.path.relpath(WORKFLOW, ROOT)} over HTTP")
+        prompt_id, messages = server.watch(workflow, progress_printer(), timeout=600)
+        entry = server.wait(prompt_id, timeout=60)  # history is written just after the last message
         if entry["status"]["status_str"] != "success":
-            print("[demo] the prompt failed:", json.dumps(entry["status"], indent=2))
+            errors = [m["data"] for m in messages if m["type"] == "execution_error"]
+            print("[demo] the run failed:", json.dumps(errors or entry["status"], indent=2))
             return 1
-        split = entry["outputs"]["2"]["split"][0]
-        summary = entry["outputs"]["2"]["text"][0]
-        report = {"prompt": DEMO_PROMPT, "split": split, "summary": summary,
-                  "experts": entry["outputs"]["1"]["text"][0]}
-        report_path = os.path.join(out_dir, "schedule_report.json")
-        with open(report_path, "w") as f:
+        outputs = entry["outputs"]
+        report = json.loads(outputs[REPORT_NODE]["text"][0])
+        with open(os.path.join(out_dir, "report.json"), "w") as f:
             json.dump(report, f, indent=2)
-        print(f"[demo] {report['experts']}")
-        print(f"[demo] default schedule: {summary}")
-        print(f"[demo] high-noise expert: {split['high']} steps, low-noise expert: {split['low']} steps")
-        print(f"[demo] report written to {report_path}")
-        print("[demo] note: the demo experts are tiny and random. For real Wan2.2 files, put "
+        copied = {}
+        for node, key in ((VIDEO_NODE, "video"), (TIMELINE_NODE, "timeline")):
+            item = outputs[node]["images"][0]
+            source = os.path.join(base, "output", item["subfolder"], item["filename"])
+            copied[key] = os.path.join(out_dir, f"{key}{os.path.splitext(item['filename'])[1]}")
+            shutil.copyfile(source, copied[key])
+        split, passes, wall = report["split"], report["forward_passes"], report["wall_seconds"]
+        print(f"[demo] {report['sampler']}, {report['steps']} steps, shift {report['flow_shift']:g}, boundary "
+              f"{report['boundary_ratio']} ({report['boundary_source']}): {split['high']} high / {split['low']} low")
+        print(f"[demo] forward passes high/low: {passes['high']}/{passes['low']}; "
+              f"wall time high/low: {wall['high']:.2f} s / {wall['low']:.2f} s")
+        print(f"[demo] output folder: {out_dir}")
+        for key in ("video", "timeline"):
+            print(f"[demo]   {key}: {copied[key]}")
+        print(f"[demo]   report: {os.path.join(out_dir, 'report.json')}")
+        print("[demo] note: every demo weight is tiny and random, so the video is noise. For real Wan2.2, put "
               "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors and wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors "
-              "in ComfyUI's models/diffusion_models and pick them on 'Load Wan2.2 Experts'.")
+              "in ComfyUI's models/diffusion_models, umt5_xxl_fp8_e4m3fn_scaled.safetensors in models/text_encoders, "
+              "wan_2.1_vae.safetensors in models/vae, and use the native CLIP Loader (type wan) + CLIP Text Encode.")
         if args.keep_running:
             print(f"[demo] ComfyUI keeps running on {server.url}; Ctrl-C stops it")
             while True:

@@ -148,9 +148,10 @@ EXPERT_SEEDS = {("t2v", "high"): 1, ("t2v", "low"): 2, ("i2v", "high"): 3, ("i2v
 
 
 def write_tiny_models(models_dir: str, formats=("fp16",), tasks=("t2v",), diffusers_folders=True,
-                      **config) -> dict:
+                      text_encoder=True, **config) -> dict:
     """Writes tiny experts under a ComfyUI models folder; returns {(task, role, fmt): file name} and the
-    fp32 models they were written from, keyed by (task, role)."""
+    fp32 models they were written from, keyed by (task, role). The diffusers folders also carry a tiny
+    umt5 text encoder and tokenizer."""
     names, models = {}, {}
     for task in tasks:
         for role in ("high", "low"):
@@ -162,7 +163,62 @@ def write_tiny_models(models_dir: str, formats=("fp16",), tasks=("t2v",), diffus
                 names[(task, role, fmt)] = name
         if diffusers_folders:
             folder = f"Wan2.2-{task.upper()}-A14B-tiny-Diffusers"
-            write_diffusers_folder(os.path.join(models_dir, "diffusers", folder), models[(task, "high")],
-                                   models[(task, "low")], boundary_ratio={"t2v": 0.875, "i2v": 0.9}[task])
+            path = os.path.join(models_dir, "diffusers", folder)
+            write_diffusers_folder(path, models[(task, "high")], models[(task, "low")],
+                                   boundary_ratio={"t2v": 0.875, "i2v": 0.9}[task])
+            if text_encoder:
+                write_tiny_text_encoder(path)
             names[(task, "diffusers")] = folder
     return {"names": names, "models": models}
+
+
+# --- tiny stand-ins for the parts around the experts: the umt5 text encoder and the Wan 2.1 VAE ---
+
+TINY_WORDS = ("a cat a dog the of in on with and walks runs sits jumps slowly quickly red blue green small big "
+              "city street forest beach sunset night rain snow camera pans zooms close up wide shot video of "
+              "blurry low quality static worst overexposed text watermark").split()
+
+
+def write_tiny_text_encoder(folder: str, d_model: int = 4096, seed: int = 21) -> str:
+    """A tiny umt5 encoder (transformers, safetensors) and a word-level tokenizer built in code, under
+    folder/text_encoder and folder/tokenizer, as a diffusers Wan2.2 folder holds them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
+    for word in TINY_WORDS:
+        vocab.setdefault(word, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   model_max_length=512)
+    fast.save_pretrained(os.path.join(folder, "tokenizer"))
+    torch.manual_seed(seed)
+    config = UMT5Config(vocab_size=64, d_model=d_model, d_kv=32, d_ff=64, num_layers=1, num_heads=2,
+                        relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", pad_token_id=0,
+                        eos_token_id=1, decoder_start_token_id=0)
+    UMT5EncoderModel(config).eval().save_pretrained(os.path.join(folder, "text_encoder"), safe_serialization=True)
+    return folder
+
+
+def write_tiny_wan_vae(path: str, seed: int = 31) -> str:
+    """A tiny Wan 2.1 VAE built from ComfyUI's own class, so ComfyUI's native VAELoader reads it (its width
+    comes from decoder.head.0.gamma). Needs ComfyUI importable (the caller puts it on sys.path)."""
+    from comfy.ldm.wan.vae import WanVAE
+
+    torch.manual_seed(seed)
+    vae = WanVAE(dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                 temperal_downsample=[False, True, True], dropout=0.0)
+    with torch.no_grad():  # ComfyUI's ops skip weight init: give every tensor a real value
+        for name, p in vae.named_parameters():
+            if name.endswith("gamma"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                fan_in = p[0].numel() if p.dim() > 1 else 1
+                p.normal_(0.0, fan_in ** -0.5)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, path, metadata={"format": "pt"})
+    return path

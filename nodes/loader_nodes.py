@@ -89,7 +89,7 @@ def diffusers_folder_list() -> list[str]:
     return sorted(found)
 
 
-def _diffusers_folder(name: str) -> str:
+def diffusers_folder_path(name: str) -> str:
     for base in folder_paths.get_folder_paths("diffusers"):
         base = os.path.realpath(base)
         path = os.path.realpath(os.path.join(base, name))
@@ -125,7 +125,7 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
         if model_folder is None or experts is None:
             return True
         try:
-            core.inspect_diffusers_folder(_diffusers_folder(model_folder), experts)
+            core.inspect_diffusers_folder(diffusers_folder_path(model_folder), experts)
         except Wan22InputError as e:
             return str(e)
         return True
@@ -133,6 +133,6 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
     @classmethod
     def execute(cls, model_folder, experts, weight_dtype) -> io.NodeOutput:
         progress = comfy.utils.ProgressBar(len(core.DIFFUSERS_CHOICES.get(experts, ())))
-        loaded = core.load_diffusers_experts(_diffusers_folder(model_folder), experts, weight_dtype,
+        loaded = core.load_diffusers_experts(diffusers_folder_path(model_folder), experts, weight_dtype,
                                              on_loaded=lambda: progress.update(1))
         return io.NodeOutput(loaded, ui={"text": [loaded.summary()]})

@@ -23,6 +23,7 @@ if "wan22_cachedit" not in sys.modules:
 from devtools import tiny_wan  # noqa: E402
 
 ALL_FORMATS = tiny_wan.SINGLE_FILE_FORMATS
+TINY_VAE = "wan_2.1_vae.safetensors"  # named as ComfyUI's repackaged Wan 2.1 VAE
 
 
 def _write_broken_files(models_dir: str, tiny: dict) -> dict:
@@ -68,12 +69,14 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def comfy(tmp_path_factory, tiny_models):
+def comfyui(tmp_path_factory, tiny_models):
     """The pack loaded into a real ComfyUI in this process, with the tiny models in its models folder."""
     from devtools.comfy_inprocess import InProcessComfy
 
     base = str(tmp_path_factory.mktemp("comfy_base"))
     harness = InProcessComfy(base)
+    tiny_wan.write_tiny_wan_vae(os.path.join(tiny_models["dir"], "vae", TINY_VAE))
     for kind in ("diffusion_models", "diffusers"):
         harness.folder_paths.add_model_folder_path(kind, os.path.join(tiny_models["dir"], kind), is_default=True)
+    harness.folder_paths.add_model_folder_path("vae", os.path.join(tiny_models["dir"], "vae"), is_default=True)
     return harness

@@ -92,11 +92,11 @@ def check_schedule_inputs(sampler=None, steps=None, flow_shift=None, boundary=No
                                                 "1000 training timesteps, e.g. 0.875")
 
 
-def make_scheduler(sampler: str, steps: int, flow_shift: float):
+def make_scheduler(sampler: str, steps: int, flow_shift: float, device=None):
     """A fresh diffusers scheduler with its timesteps set: the one object a run counts and steps with."""
     check_schedule_inputs(sampler=sampler, steps=steps, flow_shift=flow_shift)
     scheduler = SAMPLERS[sampler](float(flow_shift))
-    scheduler.set_timesteps(int(steps))
+    scheduler.set_timesteps(int(steps), device=device)
     return scheduler
 
 
@@ -119,6 +119,7 @@ class Wan22Schedule:
     split: tuple[int, int]
     has_high: bool
     has_low: bool
+    model_default: float
 
     @property
     def high_steps(self) -> int:
@@ -128,9 +129,9 @@ class Wan22Schedule:
     def low_steps(self) -> int:
         return self.split[1]
 
-    def new_scheduler(self):
+    def new_scheduler(self, device=None):
         """A fresh scheduler for the denoising loop, checked to give this schedule's timesteps."""
-        scheduler = make_scheduler(self.sampler, self.steps, self.flow_shift)
+        scheduler = make_scheduler(self.sampler, self.steps, self.flow_shift, device)
         if tuple(float(t) for t in scheduler.timesteps) != self.timesteps:
             raise RuntimeError("the scheduler no longer gives the timesteps this schedule was built with")
         return scheduler
@@ -160,4 +161,4 @@ def build_schedule(*, sampler: str, steps: int, flow_shift: float, has_high: boo
     sigmas = tuple(float(s) for s in scheduler.sigmas)
     return Wan22Schedule(sampler=sampler, steps=int(steps), flow_shift=float(flow_shift), boundary=boundary,
                          timesteps=timesteps, sigmas=sigmas, split=count_split(timesteps, boundary),
-                         has_high=has_high, has_low=has_low)
+                         has_high=has_high, has_low=has_low, model_default=float(model_default))

@@ -1,7 +1,9 @@
 // Shows what a Wan2.2 Cache-DiT node reported on its last run (the loaded experts, the split) on the node.
 import { app } from "../../scripts/app.js";
 
-const NODES_WITH_RESULTS = new Set(["Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22Schedule"]);
+const NODES_WITH_RESULTS = new Set([
+  "Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22Schedule", "Wan22TwoStageSampler",
+]);
 const LINE_HEIGHT = 16;
 
 app.registerExtension({

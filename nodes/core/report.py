@@ -1,0 +1,33 @@
+"""The run report: what the run did, as JSON for people and for workflows."""
+
+from __future__ import annotations
+
+from .denoise import RunRecord
+from .experts import Wan22Experts
+from .schedule import Wan22Schedule
+
+
+def build_report(experts: Wan22Experts, schedule: Wan22Schedule, record: RunRecord, *, seed: int,
+                 cfg_high: float, cfg_low: float, device_moves: list | None = None) -> dict:
+    stage = record.stage_seconds()
+    return {
+        "sampler": schedule.sampler,
+        "steps": schedule.steps,
+        "flow_shift": schedule.flow_shift,
+        "boundary_ratio": schedule.boundary.ratio,
+        "boundary_source": schedule.boundary.source,
+        "split": {"high": record.split[0], "low": record.split[1]},
+        "experts": {"high": experts.sources[0], "low": experts.sources[1]},
+        "seed": int(seed),
+        "cfg": {"high": float(cfg_high), "low": float(cfg_low)},
+        "wall_seconds": {"high": stage["high"], "low": stage["low"], "total": round(stage["high"] + stage["low"], 4)},
+        "forward_passes": record.forwards(),
+        "expert_per_step": [s.expert for s in record.steps],
+        "device_moves": device_moves or [],
+    }
+
+
+def summary_line(report: dict) -> str:
+    split, passes, wall = report["split"], report["forward_passes"], report["wall_seconds"]
+    return (f"{split['high']} high / {split['low']} low steps; forwards {passes['high']} / {passes['low']}; "
+            f"{wall['total']:.1f} s")

@@ -1,0 +1,59 @@
+"""The timeline picture: sigma per step, the boundary, and which expert ran each step."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from .denoise import RunRecord
+from .schedule import Wan22Schedule
+
+COLOURS = {"high": (232, 139, 44), "low": (66, 135, 245)}
+BACKGROUND, AXIS, TEXT, BOUNDARY = (24, 24, 28), (90, 90, 100), (225, 225, 230), (230, 80, 80)
+
+
+def render_timeline(schedule: Wan22Schedule, record: RunRecord, width: int = 768, height: int = 300) -> np.ndarray:
+    """An RGB uint8 image [H, W, 3] a person reads at a glance."""
+    image = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default()
+    left, right, top, plot_bottom = 48, width - 16, 40, height - 70
+    n = max(len(record.steps), 1)
+    step_w = (right - left) / n
+
+    def x_of(i: float) -> float:
+        return left + (i + 0.5) * step_w
+
+    def y_of(sigma: float) -> float:
+        return plot_bottom - sigma * (plot_bottom - top)
+
+    high, low = record.split
+    ratio = "pinned" if schedule.boundary.ratio is None else f"{schedule.boundary.ratio:g}"
+    draw.text((left, 8), f"{schedule.sampler}, {schedule.steps} steps, shift {schedule.flow_shift:g}, boundary "
+                         f"{ratio} ({schedule.boundary.source}): {high} high / {low} low", fill=TEXT, font=font)
+    draw.line([(left, top), (left, plot_bottom), (right, plot_bottom)], fill=AXIS)
+    for s in (0.0, 0.5, 1.0):
+        draw.text((8, y_of(s) - 6), f"{s:.1f}", fill=TEXT, font=font)
+    draw.text((8, top - 16), "sigma", fill=TEXT, font=font)
+    if schedule.boundary.ratio is not None:  # flow matching: t = sigma x 1000, so the boundary is a sigma
+        y = y_of(schedule.boundary.ratio)
+        for x in range(left, right, 8):
+            draw.line([(x, y), (min(x + 4, right), y)], fill=BOUNDARY)
+        draw.text((right - 110, y - 14), f"boundary {schedule.boundary.ratio:g}", fill=BOUNDARY, font=font)
+    points = [(x_of(s.index), y_of(s.sigma)) for s in record.steps]
+    if len(points) > 1:
+        draw.line(points, fill=TEXT, width=2)
+    for step, (x, y) in zip(record.steps, points):
+        r = 3
+        draw.ellipse([x - r, y - r, x + r, y + r], fill=COLOURS[step.expert])
+    # One cell per step: which expert ran it.
+    band_top = plot_bottom + 12
+    for step in record.steps:
+        x0 = left + step.index * step_w
+        draw.rectangle([x0 + 1, band_top, x0 + max(step_w - 1, 1), band_top + 18], fill=COLOURS[step.expert])
+    draw.text((left, band_top + 26), "expert per step:", fill=TEXT, font=font)
+    draw.rectangle([left + 110, band_top + 27, left + 122, band_top + 37], fill=COLOURS["high"])
+    draw.text((left + 128, band_top + 26), f"high noise ({high})", fill=TEXT, font=font)
+    draw.rectangle([left + 250, band_top + 27, left + 262, band_top + 37], fill=COLOURS["low"])
+    draw.text((left + 268, band_top + 26), f"low noise ({low})", fill=TEXT, font=font)
+    return np.array(image, dtype=np.uint8)

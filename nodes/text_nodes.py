@@ -1,0 +1,52 @@
+"""Wan2.2 Text Encode (Diffusers): conditioning from a diffusers Wan2.2 folder's own umt5 text encoder."""
+
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+import comfy.model_management as mm
+
+from .core import text_encoder
+from .loader_nodes import diffusers_folder_list, diffusers_folder_path
+from .types import CATEGORY
+
+_LOADED: dict[str, tuple] = {}  # folder -> (tokenizer, model); one at a time, the umt5-xxl is large
+
+
+def _encoder(folder: str):
+    if folder not in _LOADED:
+        _LOADED.clear()
+        _LOADED[folder] = text_encoder.load_text_encoder(folder)
+    return _LOADED[folder]
+
+
+class Wan22TextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="Wan22TextEncode",
+            display_name="Wan2.2 Text Encode (Diffusers)",
+            category=CATEGORY,
+            description="Encodes a prompt and a negative prompt with the umt5 text encoder of a diffusers "
+                        "Wan2.2 folder, as diffusers' WanPipeline does. With ComfyUI's own umt5_xxl file, use the "
+                        "native CLIP Loader (type wan) and CLIP Text Encode instead.",
+            inputs=[
+                io.Combo.Input("model_folder", options=diffusers_folder_list(),
+                               tooltip="A diffusers Wan2.2 folder under models/diffusers with text_encoder/ and "
+                                       "tokenizer/."),
+                io.String.Input("prompt", multiline=True, default="",
+                                tooltip="What the video shows."),
+                io.String.Input("negative_prompt", multiline=True, default="",
+                                tooltip="What to steer away from (used when a CFG scale is not 1.0)."),
+            ],
+            outputs=[
+                io.Conditioning.Output(display_name="positive"),
+                io.Conditioning.Output(display_name="negative"),
+            ],
+        )
+
+    @classmethod
+    def execute(cls, model_folder, prompt, negative_prompt) -> io.NodeOutput:
+        tokenizer, model = _encoder(diffusers_folder_path(model_folder))
+        embeds = text_encoder.encode(tokenizer, model, [prompt, negative_prompt]).to(mm.intermediate_device())
+        return io.NodeOutput([[embeds[0:1], {}]], [[embeds[1:2], {}]])

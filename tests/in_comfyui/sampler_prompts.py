@@ -1,0 +1,33 @@
+"""API-format prompts around the sampler: native latent, VAE and save nodes, our loader/schedule/sampler."""
+
+from .prompts import loader, schedule
+
+TINY_VAE = "wan_2.1_vae.safetensors"
+
+
+def t2v_prompt(high, low, folder, *, sampler="unipc", steps=8, flow_shift=12.0, seed=0, cfg_high=4.0, cfg_low=3.0,
+               width=64, height=64, length=5, batch=1, boundary="auto", boundary_ratio=0.875, decode=True,
+               save_latent_prefix=None, prompt_text="a cat walks in the rain", negative_text="blurry"):
+    p = {
+        "1": loader(high, low),
+        "2": schedule("1", sampler=sampler, steps=steps, flow_shift=flow_shift, boundary=boundary,
+                      boundary_ratio=boundary_ratio),
+        "3": {"class_type": "Wan22TextEncode",
+              "inputs": {"model_folder": folder, "prompt": prompt_text, "negative_prompt": negative_text}},
+        "4": {"class_type": "EmptyHunyuanLatentVideo",
+              "inputs": {"width": width, "height": height, "length": length, "batch_size": batch}},
+        "5": {"class_type": "Wan22TwoStageSampler",
+              "inputs": {"experts": ["1", 0], "schedule": ["2", 0], "positive": ["3", 0], "negative": ["3", 1],
+                         "latent_image": ["4", 0], "seed": seed, "cfg_high": cfg_high, "cfg_low": cfg_low}},
+        "6": {"class_type": "PreviewAny", "inputs": {"source": ["5", 1]}},
+    }
+    if decode:
+        p["7"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
+        p["8"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["7", 0]}}
+        p["9"] = {"class_type": "SaveAnimatedWEBP",
+                  "inputs": {"images": ["8", 0], "filename_prefix": "wan22_test", "fps": 16.0, "lossless": False,
+                             "quality": 80, "method": "default"}}
+        p["10"] = {"class_type": "SaveImage", "inputs": {"images": ["5", 2], "filename_prefix": "wan22_timeline"}}
+    if save_latent_prefix:
+        p["11"] = {"class_type": "SaveLatent", "inputs": {"samples": ["5", 0], "filename_prefix": save_latent_prefix}}
+    return p

@@ -1,0 +1,25 @@
+"""`make demo`'s job: a real server, the shipped demo workflow over HTTP, video + report + timeline written."""
+
+import json
+import os
+import subprocess
+import sys
+
+from PIL import Image
+
+from devtools.paths import ROOT
+
+
+def test_the_demo_runs_the_shipped_workflow_and_writes_its_outputs(tmp_path):
+    env = dict(os.environ, WAN22_DEMO_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-m", "devtools.demo"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = tmp_path / "output"
+    assert f"output folder: {out}" in run.stdout and "tiny and random" in run.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["split"] == {"high": 13, "low": 7} and report["forward_passes"] == {"high": 26, "low": 14}
+    with Image.open(out / "video.webp") as video:
+        assert video.n_frames == 17 and video.size == (128, 128)
+    with Image.open(out / "timeline.png") as timeline:
+        assert timeline.size == (768, 300)

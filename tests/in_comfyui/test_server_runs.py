@@ -1,0 +1,67 @@
+"""Whole runs through real ComfyUI servers over HTTP: interruption and repeatability."""
+
+import glob
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from devtools.comfy_server import ComfyServer
+
+from .sampler_prompts import t2v_prompt
+
+
+def start_server(tmp_path_factory, tiny_models, name):
+    base = tmp_path_factory.mktemp(name)
+    os.symlink(tiny_models["dir"], base / "models")
+    return ComfyServer(str(base)).start()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_models):
+    running = start_server(tmp_path_factory, tiny_models, "runs_server")
+    yield running
+    running.stop()
+
+
+def prompt_for(tiny, seed, prefix, steps=8, **kw):
+    n = tiny["names"]
+    return t2v_prompt(n[("t2v", "high", "fp16")], n[("t2v", "low", "fp16")], n[("t2v", "diffusers")], steps=steps,
+                      seed=seed, decode=False, save_latent_prefix=f"latents/{prefix}", **kw)
+
+
+def run_and_load(server, prompt) -> torch.Tensor:
+    status, body = server.queue(prompt)
+    assert status == 200, body
+    entry = server.wait(body["prompt_id"], timeout=300)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    prefix = prompt["11"]["inputs"]["filename_prefix"]
+    (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
+    return load_file(path)["latent_tensor"]
+
+
+def test_seeds_a_b_a_on_one_server_give_bit_identical_a_results(server, tiny_models):
+    a1 = run_and_load(server, prompt_for(tiny_models, 101, "seed_a1"))
+    b = run_and_load(server, prompt_for(tiny_models, 202, "seed_b"))
+    a2 = run_and_load(server, prompt_for(tiny_models, 101, "seed_a2"))
+    assert torch.equal(a1, a2) and not torch.equal(a1, b)
+
+
+def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, tiny_models, tmp_path_factory):
+    long_run = prompt_for(tiny_models, 7, "interrupted", steps=300, width=256, height=256, length=9)
+    prompt_id, messages = server.run_and_interrupt(long_run, node_id="5", at_step=3)
+    kinds = [m["type"] for m in messages]
+    assert "execution_interrupted" in kinds and "execution_success" not in kinds
+    progress = [m["data"]["value"] for m in messages if m["type"] == "progress" and m["data"]["node"] == "5"]
+    assert progress and max(progress) < 300  # stopped in the middle
+    history = server.get(f"/history/{prompt_id}")[prompt_id]
+    assert history["status"]["status_str"] == "error"
+
+    after = run_and_load(server, prompt_for(tiny_models, 8, "after_interrupt"))
+    fresh = start_server(tmp_path_factory, tiny_models, "fresh_server")
+    try:
+        reference = run_and_load(fresh, prompt_for(tiny_models, 8, "after_interrupt"))
+    finally:
+        fresh.stop()
+    assert torch.equal(after, reference)
