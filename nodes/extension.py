@@ -2,6 +2,7 @@
 
 from comfy_api.latest import ComfyExtension, io
 
+from .cache_nodes import Wan22CacheDiT
 from .loader_nodes import Wan22DiffusersExpertLoader, Wan22ExpertLoader
 from .sampler_nodes import Wan22TwoStageSampler
 from .schedule_nodes import Wan22Schedule
@@ -10,5 +11,5 @@ from .text_nodes import Wan22TextEncode
 
 class Wan22CacheDiTExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22Schedule, Wan22TextEncode,
-                Wan22TwoStageSampler]
+        return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22Schedule, Wan22CacheDiT,
+                Wan22TextEncode, Wan22TwoStageSampler]

@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from . import cache
 from .errors import Wan22InputError
 from .experts import Wan22Experts
 from .schedule import Wan22Schedule, count_split
@@ -60,12 +61,23 @@ class RunRecord:
 
     split: tuple[int, int]
     steps: list[StepRecord] = field(default_factory=list)
+    cache: dict = field(default_factory=dict)  # per expert: cache-dit statistics and block forwards
 
     def stage_seconds(self) -> dict[str, float]:
         return {role: round(sum(s.seconds for s in self.steps if s.expert == role), 4) for role in ROLES}
 
     def forwards(self) -> dict[str, int]:
         return {role: sum(s.forwards for s in self.steps if s.expert == role) for role in ROLES}
+
+    def cached_flags(self) -> list[bool]:
+        """Per run step: whether its (conditional) pass was served from the cache. cache-dit counts
+        steps per context, i.e. per expert, so expert-local indices are mapped back to run steps."""
+        flags, local = [], {role: 0 for role in ROLES}
+        for step in self.steps:
+            cached = set(self.cache.get(step.expert, {}).get("cached_steps", []))
+            flags.append(local[step.expert] in cached)
+            local[step.expert] += 1
+        return flags
 
 
 @dataclass
@@ -107,19 +119,24 @@ def denoise(experts: Wan22Experts, schedule: Wan22Schedule, inputs: DenoiseInput
     scheduler = schedule.new_scheduler(device=device)
     split = count_split(scheduler.timesteps, schedule.boundary)
     record = RunRecord(split=split)
+    modules = {"high": experts.high_noise, "low": experts.low_noise}
+    scales = {"high": float(cfg_high), "low": float(cfg_low)}
+    # The cache lifecycle belongs to the run: match the installed hooks to this handle's plan, then size
+    # each expert's context with its share of the split counted from the scheduler stepped below.
+    cache.reconcile(experts)
+    cache_configs = cache.refresh(experts, split, scales)
     if before_run is not None:
         before_run(split)
 
-    modules = {"high": experts.high_noise, "low": experts.low_noise}
-    scales = {"high": float(cfg_high), "low": float(cfg_low)}
     dtype = experts.dtype
     latents = inputs.noise.to(device=device, dtype=torch.float32)
     positive = inputs.positive.to(device=device, dtype=dtype)
     negative = inputs.negative.to(device=device, dtype=dtype)
     condition = None if inputs.condition is None else inputs.condition.to(device=device, dtype=torch.float32)
     total = len(scheduler.timesteps)
+    counter = cache.BlockCounter()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), counter.counting(experts):
             for i, t in enumerate(scheduler.timesteps):
                 if before_step is not None:
                     before_step(i, total)
@@ -148,4 +165,5 @@ def denoise(experts: Wan22Experts, schedule: Wan22Schedule, inputs: DenoiseInput
                     after_step(i + 1, total)
     finally:
         placement.release()
+    record.cache = cache.statistics(experts, cache_configs, record.forwards(), counter.counts)
     return latents, record

@@ -24,10 +24,18 @@ def build_report(experts: Wan22Experts, schedule: Wan22Schedule, record: RunReco
         "forward_passes": record.forwards(),
         "expert_per_step": [s.expert for s in record.steps],
         "device_moves": device_moves or [],
+        "cache": {"plan": experts.cache_plan.summary() if experts.cache_plan else None, **record.cache},
     }
 
 
 def summary_line(report: dict) -> str:
     split, passes, wall = report["split"], report["forward_passes"], report["wall_seconds"]
-    return (f"{split['high']} high / {split['low']} low steps; forwards {passes['high']} / {passes['low']}; "
-            f"{wall['total']:.1f} s")
+    lines = [f"{split['high']} high / {split['low']} low steps; forwards {passes['high']} / {passes['low']}; "
+             f"{wall['total']:.1f} s"]
+    for role in ("high", "low"):
+        stats = report["cache"].get(role)
+        if stats and "cached_steps" in stats:
+            done, full = stats["block_forwards"], stats["block_forwards_without_cache"]
+            lines.append(f"cache {role}: {len(stats['cached_steps'])} cached steps, blocks {done}/{full} "
+                         f"({100 * (1 - done / full) if full else 0:.0f}% saved)")
+    return "\n".join(lines)

@@ -97,6 +97,10 @@ def make_scheduler(sampler: str, steps: int, flow_shift: float, device=None):
     check_schedule_inputs(sampler=sampler, steps=steps, flow_shift=flow_shift)
     scheduler = SAMPLERS[sampler](float(flow_shift))
     scheduler.set_timesteps(int(steps), device=device)
+    # UniPC and DPM++ round timesteps to integers, so long high-shift schedules repeat one (120 steps at
+    # shift 12 start 999, 999). Left alone, the scheduler looks the first timestep up, lands on its
+    # second occurrence and runs off the end of the schedule; the loop always starts at step 0.
+    scheduler.set_begin_index(0)
     return scheduler
 
 

@@ -46,14 +46,24 @@ def render_timeline(schedule: Wan22Schedule, record: RunRecord, width: int = 768
     for step, (x, y) in zip(record.steps, points):
         r = 3
         draw.ellipse([x - r, y - r, x + r, y + r], fill=COLOURS[step.expert])
-    # One cell per step: which expert ran it.
+    # One cell per step: which expert ran it; a cached step is drawn pale with a dark centre line.
     band_top = plot_bottom + 12
-    for step in record.steps:
-        x0 = left + step.index * step_w
-        draw.rectangle([x0 + 1, band_top, x0 + max(step_w - 1, 1), band_top + 18], fill=COLOURS[step.expert])
+    for step, cached in zip(record.steps, record.cached_flags()):
+        x0, x1 = left + step.index * step_w + 1, left + step.index * step_w + max(step_w - 1, 1)
+        colour = COLOURS[step.expert]
+        if cached:
+            colour = tuple((c + 255) // 2 for c in colour)
+        draw.rectangle([x0, band_top, x1, band_top + 18], fill=colour)
+        if cached:
+            draw.line([(x0, band_top + 9), (x1, band_top + 9)], fill=BACKGROUND, width=3)
     draw.text((left, band_top + 26), "expert per step:", fill=TEXT, font=font)
     draw.rectangle([left + 110, band_top + 27, left + 122, band_top + 37], fill=COLOURS["high"])
     draw.text((left + 128, band_top + 26), f"high noise ({high})", fill=TEXT, font=font)
     draw.rectangle([left + 250, band_top + 27, left + 262, band_top + 37], fill=COLOURS["low"])
     draw.text((left + 268, band_top + 26), f"low noise ({low})", fill=TEXT, font=font)
+    cached_count = sum(record.cached_flags())
+    if record.cache and any("cached_steps" in s for s in record.cache.values()):
+        draw.line([(left + 380, band_top + 32), (left + 392, band_top + 32)], fill=TEXT, width=3)
+        draw.text((left + 398, band_top + 26), f"cached ({cached_count} of {len(record.steps)} steps)",
+                  fill=TEXT, font=font)
     return np.array(image, dtype=np.uint8)

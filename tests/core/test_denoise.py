@@ -145,3 +145,15 @@ def test_a_schedule_built_for_other_experts_is_refused(pair):
                                 model_default=0.875)
     with pytest.raises(Wan22InputError, match="schedule: this schedule was built for other experts"):
         D.denoise(handle(*pair), schedule, run_inputs(), 4.0, 3.0)
+
+
+@pytest.mark.parametrize("sampler", ["unipc", "dpmpp"])
+def test_a_long_schedule_with_repeated_timesteps_runs_every_step(pair, sampler):
+    schedule = S.build_schedule(sampler=sampler, steps=120, flow_shift=12.0, has_high=True, has_low=True,
+                                model_default=0.875)
+    assert len(set(schedule.timesteps)) < len(schedule.timesteps)  # 999 appears twice
+    g = torch.Generator().manual_seed(0)
+    inputs = D.DenoiseInputs(positive=torch.randn(1, 8, 4096, generator=g), negative=torch.randn(1, 8, 4096, generator=g),
+                             noise=torch.randn(1, 16, 1, 4, 4, generator=g))
+    out, record = D.denoise(handle(*pair), schedule, inputs, 4.0, 1.0)
+    assert len(record.steps) == 120 and torch.isfinite(out).all()

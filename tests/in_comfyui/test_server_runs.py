@@ -35,7 +35,7 @@ def run_and_load(server, prompt) -> torch.Tensor:
     status, body = server.queue(prompt)
     assert status == 200, body
     entry = server.wait(body["prompt_id"], timeout=300)
-    assert entry["status"]["status_str"] == "success", entry["status"]
+    assert entry["status"]["status_str"] == "success", [m for m in entry["status"]["messages"] if m[0] == "execution_error"]
     prefix = prompt["11"]["inputs"]["filename_prefix"]
     (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
     return load_file(path)["latent_tensor"]
@@ -65,3 +65,22 @@ def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, 
     finally:
         fresh.stop()
     assert torch.equal(after, reference)
+
+
+def test_an_interrupted_cached_run_then_the_same_prompt_equals_it_on_a_fresh_server(server, tiny_models,
+                                                                                      tmp_path_factory):
+    steps = 120
+    prompt = prompt_for(tiny_models, 17, "cached_interrupted", steps=steps, width=256, height=256, length=9,
+                        cache={})
+    _, messages = server.run_and_interrupt(prompt, node_id="5", at_step=30)
+    progress = [m["data"]["value"] for m in messages if m["type"] == "progress" and m["data"]["node"] == "5"]
+    assert "execution_interrupted" in [m["type"] for m in messages] and max(progress) < steps
+    again = run_and_load(server, prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256, height=256,
+                                            length=9, cache={}))
+    fresh = start_server(tmp_path_factory, tiny_models, "fresh_cached_server")
+    try:
+        reference = run_and_load(fresh, prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256,
+                                                   height=256, length=9, cache={}))
+    finally:
+        fresh.stop()
+    assert torch.equal(again, reference)

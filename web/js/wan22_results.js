@@ -2,7 +2,7 @@
 import { app } from "../../scripts/app.js";
 
 const NODES_WITH_RESULTS = new Set([
-  "Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22Schedule", "Wan22TwoStageSampler",
+  "Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22Schedule", "Wan22CacheDiT", "Wan22TwoStageSampler",
 ]);
 const LINE_HEIGHT = 16;
 
