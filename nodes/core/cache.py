@@ -7,13 +7,13 @@ this module avoids is marked where it does.
 from __future__ import annotations
 
 import contextlib
-import logging
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from .errors import Wan22InputError
+from .logs import quiet_cache_dit
 
 ROLES = ("high", "low")
 
@@ -90,20 +90,6 @@ CACHE_DIT_ATTRIBUTES = ("_original_forward", "_context_manager", "_context_names
                         "_forward_pattern", "_has_separate_cfg", "_context_kwargs", "forward")
 
 
-@contextlib.contextmanager
-def _quiet_cache_dit():
-    """cache-dit logs every enable/disable to its own console handler; our report says it all."""
-    import cache_dit.logger
-
-    handler = getattr(cache_dit.logger, "_default_handler", None) or logging.NullHandler()
-    level = handler.level
-    handler.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        handler.setLevel(level)
-
-
 def is_cached(module: torch.nn.Module) -> bool:
     from cache_dit.caching.block_adapters import BlockAdapter
 
@@ -116,7 +102,7 @@ def install(module: torch.nn.Module, plan: CachePlan, role: str) -> None:
     high-noise expert)."""
     import cache_dit
 
-    with _quiet_cache_dit():
+    with quiet_cache_dit():
         cache_dit.enable_cache(module, cache_config=plan.db_cache_config(role, None, True))
     _INSTALLED[module] = (plan, role)
 
@@ -126,7 +112,7 @@ def remove(module: torch.nn.Module) -> None:
     import cache_dit
 
     if is_cached(module):
-        with _quiet_cache_dit():
+        with quiet_cache_dit():
             cache_dit.disable_cache(module)
     # disable_cache restores forward as an instance attribute bound to the class's own forward: drop it
     # so the module is exactly as it was loaded.
@@ -184,7 +170,7 @@ def refresh(experts, split: tuple[int, int], cfg_scales: dict[str, float]) -> di
         # Separate CFG only when this expert really runs a negative pass: otherwise warm-up lasts twice
         # as long and the statistics never close.
         config = plan.db_cache_config(role, steps[role], separate_cfg=cfg_scales[role] != 1.0)
-        with _quiet_cache_dit():
+        with quiet_cache_dit():
             cache_dit.refresh_context(module, cache_config=config)
         configs[role] = config.strify()
     return configs

@@ -7,10 +7,8 @@ local config; diffusers folders through `from_pretrained`. Neither touches the n
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import logging
 import os
 import re
 import tempfile
@@ -22,6 +20,7 @@ from diffusers import WanTransformer3DModel
 
 from . import checkpoint
 from .errors import Wan22InputError
+from .logs import quiet_diffusers_dtype_warning
 from .schedule import DEFAULT_BOUNDARY
 
 HEAD_DIM = 128  # Wan's attention head width: ComfyUI derives num_heads = dim // 128 the same way
@@ -192,18 +191,6 @@ def _resolve_dtype(weight_dtype: str, stored: torch.dtype | None) -> torch.dtype
     return torch.bfloat16  # fp8 files compute in bf16 unless told otherwise
 
 
-@contextlib.contextmanager
-def _quiet_dtype_cast_warning():
-    """from_single_file ends with `model.to(dtype)`, which diffusers itself then warns about."""
-    logger = logging.getLogger("diffusers.models.modeling_utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def load_single_file_expert(path: str, config: WanExpertConfig, dtype: torch.dtype, input_name: str):
     """One expert through diffusers' single-file loader, with a local config (never the Hub)."""
     try:
@@ -213,7 +200,7 @@ def load_single_file_expert(path: str, config: WanExpertConfig, dtype: torch.dty
     with tempfile.TemporaryDirectory(prefix="wan22-config-") as config_dir:
         with open(os.path.join(config_dir, "config.json"), "w") as f:
             json.dump(config.diffusers_config(), f)
-        with _quiet_dtype_cast_warning():
+        with quiet_diffusers_dtype_warning():
             model = WanTransformer3DModel.from_single_file(state_dict, config=config_dir, torch_dtype=dtype,
                                                            local_files_only=True)
     unloaded = [n for n, p in model.named_parameters() if p.is_meta]
