@@ -4,7 +4,7 @@ Importing this package outside ComfyUI works: the node modules (which need Comfy
 ComfyUI calls `comfy_entrypoint`.
 """
 
-WEB_DIRECTORY = "./web/js"
+WEB_DIRECTORY = "./web"
 
 __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]
 

@@ -50,4 +50,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# 4. Chromium for the browser tests, from Debian (Playwright drives it; it never downloads a browser).
+if ! command -v chromium >/dev/null; then
+  log "installing Debian's chromium for the browser tests"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    log "not root: run 'sudo apt-get install chromium' for the browser tests"
+  fi
+fi
 log "ready: $VENV, $COMFY"

@@ -10,6 +10,9 @@ from .text_nodes import Wan22TextEncode
 
 
 class Wan22CacheDiTExtension(ComfyExtension):
+    async def on_load(self) -> None:
+        from . import routes  # noqa: F401  (registers the live-split route on ComfyUI's server)
+
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22Schedule, Wan22CacheDiT,
                 Wan22TextEncode, Wan22TwoStageSampler]

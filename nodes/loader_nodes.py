@@ -18,7 +18,7 @@ DTYPE_TOOLTIP = ("Compute dtype of the experts. 'default' keeps the file's own p
                  "dequantised to bf16); fp32 is exact and slowest.")
 
 
-def _expert_path(input_name: str, name: str) -> str | None:
+def expert_path(input_name: str, name: str) -> str | None:
     if name == NONE:
         return None
     path = folder_paths.get_full_path("diffusion_models", name)
@@ -59,8 +59,8 @@ class Wan22ExpertLoader(io.ComfyNode):
         try:
             core.require_some_expert(high_noise_model or NONE, low_noise_model or NONE)
             core.inspect_single_files({
-                "high_noise": _expert_path("high_noise_model", high_noise_model or NONE),
-                "low_noise": _expert_path("low_noise_model", low_noise_model or NONE)})
+                "high_noise": expert_path("high_noise_model", high_noise_model or NONE),
+                "low_noise": expert_path("low_noise_model", low_noise_model or NONE)})
         except Wan22InputError as e:
             return str(e)
         return True
@@ -69,8 +69,8 @@ class Wan22ExpertLoader(io.ComfyNode):
     def execute(cls, high_noise_model, low_noise_model, weight_dtype) -> io.NodeOutput:
         core.require_some_expert(high_noise_model, low_noise_model)
         progress = comfy.utils.ProgressBar(sum(name != NONE for name in (high_noise_model, low_noise_model)))
-        experts = core.load_single_file_experts(_expert_path("high_noise_model", high_noise_model),
-                                                _expert_path("low_noise_model", low_noise_model),
+        experts = core.load_single_file_experts(expert_path("high_noise_model", high_noise_model),
+                                                expert_path("low_noise_model", low_noise_model),
                                                 weight_dtype, names=(high_noise_model, low_noise_model),
                                                 on_loaded=lambda: progress.update(1))
         return io.NodeOutput(experts, ui={"text": [experts.summary()]})

@@ -49,3 +49,36 @@ def test_an_invalid_prompt_is_refused_at_queue_time_with_the_input_named(server,
     assert any("low_noise_model:" in e["details"] and "truncated" in e["details"] for e in errors)
     status, body = server.queue(schedule_prompt(loader()))
     assert status == 400 and "load at least one expert" in body["node_errors"]["1"]["errors"][0]["details"]
+
+
+def split_request(server, loader_type, values, **schedule):
+    body = {"loader": {"type": loader_type, "values": values}, "sampler": "unipc", "steps": 40, "flow_shift": 12.0,
+            "boundary": "auto", "boundary_ratio": 0.875, **schedule}
+    return server.post("/wan22/split", body)
+
+
+def test_the_live_split_route_answers_with_the_nodes_own_split(server, tiny_models):
+    names = tiny_models["names"]
+    both = {"high_noise_model": names[("t2v", "high", "fp16")], "low_noise_model": names[("t2v", "low", "fp16")]}
+    assert split_request(server, "Wan22ExpertLoader", both, flow_shift=5.0)[1]["high"] == 17
+    status, answer = split_request(server, "Wan22ExpertLoader", both, flow_shift=12.0)
+    assert status == 200 and (answer["high"], answer["low"]) == (26, 14)
+    assert answer["summary"] == "unipc, 40 steps, shift 12, boundary 0.875 (model_default): 26 high / 14 low"
+    i2v = {"high_noise_model": names[("i2v", "high", "fp8_scaled")], "low_noise_model": names[("i2v", "low", "fp16")]}
+    assert split_request(server, "Wan22ExpertLoader", i2v, flow_shift=5.0)[1]["boundary_ratio"] == 0.9
+    low_only = {"high_noise_model": "none", "low_noise_model": names[("t2v", "low", "fp16")]}
+    status, answer = split_request(server, "Wan22ExpertLoader", low_only, sampler="euler")
+    assert (answer["high"], answer["low"], answer["boundary_source"]) == (0, 40, "low_noise_only")
+    folder = {"model_folder": names[("i2v", "diffusers")], "experts": "both"}
+    status, answer = split_request(server, "Wan22DiffusersExpertLoader", folder, boundary="custom", boundary_ratio=0.8)
+    assert answer["boundary_source"] == "custom" and answer["boundary_ratio"] == 0.8
+
+
+def test_the_live_split_route_explains_what_is_wrong(server, tiny_models):
+    status, answer = split_request(server, "Wan22ExpertLoader", {"high_noise_model": "none", "low_noise_model": "none"})
+    assert status == 400 and "load at least one expert" in answer["error"]
+    low = {"high_noise_model": "none", "low_noise_model": tiny_models["names"][("t2v", "low", "fp16")]}
+    status, answer = split_request(server, "Wan22ExpertLoader", low, flow_shift=-1.0)
+    assert status == 400 and answer["error"].startswith("flow_shift:")
+    status, answer = split_request(server, "KSampler", {})
+    assert status == 400 and "connect the experts input to a Wan2.2 expert loader" in answer["error"]
