@@ -38,8 +38,10 @@ class PromptResult:
 class InProcessComfy:
     def __init__(self, base_dir: str):
         self.base_dir = make_base_directory(base_dir)
-        if COMFYUI_DIR not in sys.path:
-            sys.path.insert(0, COMFYUI_DIR)
+        # ComfyUI first on the path: the checkout's own `nodes/` package must not shadow ComfyUI's nodes.py.
+        if COMFYUI_DIR in sys.path:
+            sys.path.remove(COMFYUI_DIR)
+        sys.path.insert(0, COMFYUI_DIR)
         from comfy.cli_args import args
         args.cpu = True
         args.base_directory = self.base_dir

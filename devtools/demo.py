@@ -11,41 +11,15 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 
-from . import tiny_wan
 from .comfy_server import ComfyServer
-from .paths import COMFYUI_DIR, ROOT
+from .paths import ROOT
+from .standins import write_standins
 
 DEMO_DIR = os.environ.get("WAN22_DEMO_DIR", os.path.join(ROOT, ".demo"))
 WORKFLOW = os.path.join(ROOT, "example_workflows", "api", "wan22_tiny_demo.json")
-SAMPLER_NODE, VIDEO_NODE, TIMELINE_NODE, REPORT_NODE = "5", "8", "9", "10"
-
-
-def write_demo_models(models_dir: str, workflow: dict) -> None:
-    """The files the demo workflow names, as tiny random stand-ins (written once)."""
-    loader = workflow["1"]["inputs"]
-    experts = [os.path.join(models_dir, "diffusion_models", loader[k]) for k in ("high_noise_model", "low_noise_model")]
-    folder = os.path.join(models_dir, "diffusers", workflow["3"]["inputs"]["model_folder"])
-    vae = os.path.join(models_dir, "vae", workflow["6"]["inputs"]["vae_name"])
-    if not all(os.path.isfile(p) for p in experts):
-        print("[demo] writing tiny random Wan2.2 T2V experts (fp16)")
-        high, low = tiny_wan.make_expert("t2v", 1), tiny_wan.make_expert("t2v", 2)
-        for model, path in zip((high, low), experts):
-            tiny_wan.write_single_file(model, path, "fp16")
-    if not os.path.isdir(os.path.join(folder, "text_encoder")):
-        print("[demo] writing a tiny random umt5 text encoder (diffusers folder)")
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "model_index.json"), "w") as f:
-            json.dump({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, f)
-        tiny_wan.write_tiny_text_encoder(folder)
-    if not os.path.isfile(vae):
-        print("[demo] writing a tiny random Wan 2.1 VAE in ComfyUI's format")
-        sys.path.append(COMFYUI_DIR)
-        from comfy.cli_args import args
-        args.cpu = True
-        tiny_wan.write_tiny_wan_vae(vae)
+SAMPLER_NODE, VIDEO_NODE, TIMELINE_NODE, REPORT_NODE = "8", "11", "13", "14"
 
 
 def progress_printer():
@@ -70,7 +44,8 @@ def main() -> int:
         workflow = json.load(f)
     base = os.path.join(DEMO_DIR, "comfyui")
     os.makedirs(base, exist_ok=True)
-    write_demo_models(os.path.join(base, "models"), workflow)
+    print("[demo] writing tiny random stand-ins for the workflow's files (first run only)")
+    write_standins(os.path.join(base, "models"), os.path.join(base, "input"))
     out_dir = os.path.join(DEMO_DIR, "output")
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
@@ -103,6 +78,11 @@ def main() -> int:
               f"{report['boundary_ratio']} ({report['boundary_source']}): {split['high']} high / {split['low']} low")
         print(f"[demo] forward passes high/low: {passes['high']}/{passes['low']}; "
               f"wall time high/low: {wall['high']:.2f} s / {wall['low']:.2f} s")
+        for role in ("high", "low"):
+            stats = report["cache"].get(role, {})
+            if "cached_steps" in stats:
+                print(f"[demo] Cache-DiT on the {role}-noise expert: {len(stats['cached_steps'])} cached steps, "
+                      f"{stats['block_forwards']} of {stats['block_forwards_without_cache']} block forwards computed")
         print(f"[demo] output folder: {out_dir}")
         for key in ("video", "timeline"):
             print(f"[demo]   {key}: {copied[key]}")

@@ -80,3 +80,15 @@ def comfyui(tmp_path_factory, tiny_models):
         harness.folder_paths.add_model_folder_path(kind, os.path.join(tiny_models["dir"], kind), is_default=True)
     harness.folder_paths.add_model_folder_path("vae", os.path.join(tiny_models["dir"], "vae"), is_default=True)
     return harness
+
+
+@pytest.fixture(scope="session")
+def standin_server(tmp_path_factory):
+    """A real ComfyUI server with tiny stand-ins for every file the shipped workflows name."""
+    from devtools.comfy_server import ComfyServer
+    from devtools.standins import write_standins
+
+    base = tmp_path_factory.mktemp("standin_base")
+    write_standins(str(base / "models"), str(base / "input"))
+    with ComfyServer(str(base)) as running:
+        yield running

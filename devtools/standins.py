@@ -1,0 +1,70 @@
+"""Tiny stand-ins for every file the shipped workflows name, under the names ComfyUI's repackaged
+Wan2.2 files have. Experts, VAE and the diffusers text encoder are real formats at a tiny size; the
+umt5-xxl text encoder cannot be tiny (ComfyUI builds it from a fixed 5.7B-parameter config), so its
+stand-in is a deliberately unreadable file: it satisfies the prompt validation of the native CLIP
+Loader and fails at once if a run reaches it, instead of allocating 23 GB."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+from PIL import Image
+
+from . import tiny_wan
+from .paths import COMFYUI_DIR
+
+EXPERT_FILES = {
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": ("t2v", "high", "fp8_scaled"),
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": ("t2v", "low", "fp8_scaled"),
+    "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors": ("i2v", "high", "fp8_scaled"),
+    "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors": ("i2v", "low", "fp8_scaled"),
+    "wan2.2_t2v_high_noise_14B_fp16.safetensors": ("t2v", "high", "fp16"),
+    "wan2.2_t2v_low_noise_14B_fp16.safetensors": ("t2v", "low", "fp16"),
+}
+UMT5 = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
+VAE = "wan_2.1_vae.safetensors"
+TEXT_FOLDER = "Wan2.2-T2V-A14B-tiny-Diffusers"
+START_IMAGE = "wan22_example_start.png"
+
+
+def write_tiny_vae(path: str) -> None:
+    """ComfyUI's own Wan VAE class writes the file; ComfyUI must be importable on the CPU."""
+    if COMFYUI_DIR not in sys.path:
+        sys.path.append(COMFYUI_DIR)
+    if "comfy.model_management" not in sys.modules:
+        from comfy.cli_args import args
+        args.cpu = True
+    tiny_wan.write_tiny_wan_vae(path)
+
+
+def write_standins(models_dir: str, input_dir: str | None = None) -> None:
+    """Writes what is missing (a second call with everything present writes nothing)."""
+    experts = {}
+    for name, (task, role, fmt) in EXPERT_FILES.items():
+        path = os.path.join(models_dir, "diffusion_models", name)
+        if not os.path.isfile(path):
+            key = (task, role)
+            if key not in experts:
+                experts[key] = tiny_wan.make_expert(task, tiny_wan.EXPERT_SEEDS[key])
+            tiny_wan.write_single_file(experts[key], path, fmt)
+    umt5 = os.path.join(models_dir, "text_encoders", UMT5)
+    if not os.path.isfile(umt5):
+        os.makedirs(os.path.dirname(umt5), exist_ok=True)
+        with open(umt5, "wb") as f:
+            f.write(b"stand-in: ComfyUI's umt5-xxl has a fixed 5.7B-parameter config and cannot be tiny\n")
+    vae = os.path.join(models_dir, "vae", VAE)
+    if not os.path.isfile(vae):
+        write_tiny_vae(vae)
+    folder = os.path.join(models_dir, "diffusers", TEXT_FOLDER)
+    if not os.path.isdir(os.path.join(folder, "text_encoder")):
+        tiny_wan.write_diffusers_folder(folder, None, None, boundary_ratio=0.875)
+        tiny_wan.write_tiny_text_encoder(folder)
+    if input_dir is not None:
+        image = os.path.join(input_dir, START_IMAGE)
+        if not os.path.isfile(image):
+            os.makedirs(input_dir, exist_ok=True)
+            y, x = np.mgrid[0:480, 0:832]
+            rgb = np.stack([x * 255 // 831, y * 255 // 479, (x + y) * 255 // 1310], axis=-1).astype(np.uint8)
+            Image.fromarray(rgb).save(image)

@@ -1,0 +1,139 @@
+"""The shipped workflows, as specs the workflow builder turns into UI-format files inside the real
+frontend (and into API-format copies with the frontend's own graphToPrompt)."""
+
+from __future__ import annotations
+
+from .standins import START_IMAGE, TEXT_FOLDER, UMT5, VAE
+
+REPACKAGED = "https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files"
+UMT5_URL = ("https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/"
+            + UMT5)
+
+
+def model(name: str, directory: str) -> dict:
+    url = UMT5_URL if name == UMT5 else f"{REPACKAGED}/{directory}/{name}"
+    return {"name": name, "url": url, "directory": directory}
+
+
+def node(id, type, pos, widgets=None, links=None, title=None):
+    return {"id": id, "type": type, "pos": pos, "widgets": widgets or {}, "links": links or {}, "title": title}
+
+
+CACHE_DEFAULTS = {"enabled": True, "residual_diff_threshold": 0.24, "first_compute_blocks": 1,
+                  "last_compute_blocks": 0, "max_continuous_cached_steps": 3, "high_warmup_steps": 4,
+                  "high_max_cached_steps": -1, "low_warmup_steps": 2, "low_max_cached_steps": 20}
+NEGATIVE = ("blurry, low quality, static, overexposed, subtitles, text, watermark, deformed, extra fingers, "
+            "still picture, messy background")
+
+
+def native_text(prompt: str) -> list[dict]:
+    return [
+        node(1, "CLIPLoader", [20, 40], {"clip_name": UMT5, "type": "wan"}),
+        node(2, "CLIPTextEncode", [440, 40], {"text": prompt}, {"clip": (1, 0)}, "Positive Prompt"),
+        node(3, "CLIPTextEncode", [440, 300], {"text": NEGATIVE}, {"clip": (1, 0)}, "Negative Prompt"),
+    ]
+
+
+def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: int, shift: float) -> list[dict]:
+    return [
+        node(4, "Wan22ExpertLoader", [20, 260], {"high_noise_model": high, "low_noise_model": low,
+                                                 "weight_dtype": "default"}),
+        node(5, "Wan22Schedule", [440, 560], {"sampler": sampler, "steps": steps, "flow_shift": shift,
+                                              "boundary": "auto", "boundary_ratio": 0.875}, {"experts": (4, 0)}),
+        node(6, "Wan22CacheDiT", [440, 840], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
+    ]
+
+
+def sampler_and_outputs(latent_from, positive_from, negative_from, cfg, video: bool, prefix: str) -> list[dict]:
+    nodes = [
+        node(8, "Wan22TwoStageSampler", [880, 380], {"seed": 42, "cfg_high": cfg[0], "cfg_low": cfg[1]},
+             {"experts": (6, 0), "schedule": (5, 0), "positive": positive_from, "negative": negative_from,
+              "latent_image": latent_from}),
+        node(9, "VAELoader", [880, 780], {"vae_name": VAE}),
+        node(10, "VAEDecode", [1320, 40], links={"samples": (8, 0), "vae": (9, 0)}),
+        node(13, "PreviewImage", [1320, 240], links={"images": (8, 2)}, title="Timeline"),
+        node(14, "PreviewAny", [1320, 640], links={"source": (8, 1)}, title="Report"),
+    ]
+    if video:
+        nodes += [node(11, "CreateVideo", [1760, 40], {"fps": 16.0}, {"images": (10, 0)}),
+                  node(12, "SaveVideo", [1760, 240], {"filename_prefix": prefix, "format": "auto", "codec": "auto"},
+                       {"video": (11, 0)})]
+    else:
+        nodes.append(node(11, "SaveImage", [1760, 40], {"filename_prefix": prefix}, {"images": (10, 0)}))
+    return nodes
+
+
+def t2v() -> dict:
+    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    nodes = native_text("A red fox trots through fresh snow in a birch forest at sunrise, its breath visible, "
+                        "the camera tracking beside it at ground level.")
+    nodes += experts_schedule_cache("t2v", high, low, "unipc", 40, 12.0)
+    nodes.append(node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 832, "height": 480, "length": 81,
+                                                               "batch_size": 1}))
+    nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (4.0, 3.0), True, "video/wan22_t2v")
+    return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
+                                       model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
+def low_noise_t2i() -> dict:
+    low = "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    nodes = native_text("A lighthouse on a rocky cliff under a stormy sky, waves breaking below, dramatic light, "
+                        "highly detailed photograph.")
+    nodes += experts_schedule_cache("t2v", "none", low, "unipc", 30, 3.0)
+    nodes.append(node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 1280, "height": 720, "length": 1,
+                                                               "batch_size": 1}))
+    nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (3.5, 3.5), False, "wan22_t2i")
+    return {"nodes": nodes, "models": [model(low, "diffusion_models"), model(UMT5, "text_encoders"),
+                                       model(VAE, "vae")]}
+
+
+def i2v() -> dict:
+    high, low = "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors"
+    nodes = native_text("The scene comes alive: light shifts slowly across the frame as the camera pushes in.")
+    nodes += experts_schedule_cache("i2v", high, low, "unipc", 40, 5.0)
+    nodes += [
+        node(15, "LoadImage", [20, 480], {"image": START_IMAGE}, title="Start Image"),
+        node(16, "VAELoader", [20, 900], {"vae_name": VAE}),
+        node(7, "WanImageToVideo", [880, 40], {"width": 832, "height": 480, "length": 81, "batch_size": 1},
+             {"positive": (2, 0), "negative": (3, 0), "vae": (16, 0), "start_image": (15, 0)}),
+    ]
+    nodes += sampler_and_outputs((7, 2), (7, 0), (7, 1), (3.5, 3.5), True, "video/wan22_i2v")
+    return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
+                                       model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
+def tiny_demo() -> dict:
+    """What `make demo` runs: every file is a tiny random stand-in the demo writes itself."""
+    nodes = [
+        node(4, "Wan22ExpertLoader", [20, 40], {"high_noise_model": "wan2.2_t2v_high_noise_14B_fp16.safetensors",
+                                                "low_noise_model": "wan2.2_t2v_low_noise_14B_fp16.safetensors",
+                                                "weight_dtype": "default"}),
+        node(5, "Wan22Schedule", [20, 260], {"sampler": "unipc", "steps": 20, "flow_shift": 12.0,
+                                             "boundary": "auto", "boundary_ratio": 0.875}, {"experts": (4, 0)}),
+        node(6, "Wan22CacheDiT", [20, 540], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
+        node(3, "Wan22TextEncode", [440, 40], {"model_folder": TEXT_FOLDER,
+                                               "prompt": "a red cat walks in the rain in the city at night, camera pans",
+                                               "negative_prompt": "blurry low quality static overexposed text watermark"}),
+        node(7, "EmptyHunyuanLatentVideo", [440, 420], {"width": 128, "height": 128, "length": 17,
+                                                        "batch_size": 1}),
+        node(8, "Wan22TwoStageSampler", [880, 40], {"seed": 42, "cfg_high": 4.0, "cfg_low": 3.0},
+             {"experts": (6, 0), "schedule": (5, 0), "positive": (3, 0), "negative": (3, 1),
+              "latent_image": (7, 0)}),
+        node(9, "VAELoader", [880, 440], {"vae_name": VAE}),
+        node(10, "VAEDecode", [1320, 40], links={"samples": (8, 0), "vae": (9, 0)}),
+        node(11, "SaveAnimatedWEBP", [1760, 40], {"filename_prefix": "wan22_demo/video", "fps": 16.0,
+                                                 "lossless": False, "quality": 85, "method": "default"},
+             {"images": (10, 0)}, "Save Video (WEBP)"),
+        node(13, "SaveImage", [1320, 240], {"filename_prefix": "wan22_demo/timeline"}, {"images": (8, 2)},
+             "Save Timeline"),
+        node(14, "PreviewAny", [1320, 640], links={"source": (8, 1)}, title="Report"),
+    ]
+    return {"nodes": nodes, "models": []}
+
+
+WORKFLOWS = {
+    "wan22_t2v_a14b_cachedit": t2v,
+    "wan22_low_noise_t2i": low_noise_t2i,
+    "wan22_i2v_a14b_cachedit": i2v,
+    "wan22_tiny_demo": tiny_demo,
+}
