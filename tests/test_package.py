@@ -75,3 +75,14 @@ def test_the_layout_is_the_one_the_design_fixes():
         assert os.path.exists(os.path.join(ROOT, path)), path
     ignored = open(os.path.join(ROOT, ".gitignore")).read().split()
     assert "/.venv/" in ignored and "/.comfyui/" in ignored
+
+
+def test_every_node_has_a_help_page():
+    import re
+    sources = "".join(open(os.path.join(ROOT, "nodes", f)).read() for f in os.listdir(os.path.join(ROOT, "nodes"))
+                      if f.endswith(".py"))
+    node_ids = set(re.findall(r'node_id="(\w+)"', sources))
+    assert len(node_ids) >= 6
+    for node_id in node_ids:
+        page = os.path.join(ROOT, "web", "docs", f"{node_id}.md")
+        assert os.path.isfile(page) and open(page).read().startswith("# "), node_id
