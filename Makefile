@@ -2,16 +2,22 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo bench clean distclean
 
 setup:
 	@bash devtools/setup.sh
 
+# The suite runs in a network namespace with only loopback (devtools/offline.sh) where the machine allows it.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	devtools/offline.sh $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) -m devtools.demo
+
+# Benchmarks and the endurance run: not part of `make test`. Results under bench/results/.
+bench: setup
+	$(PY) -m bench.run
+	$(PY) -m bench.endurance
 
 clean:
 	rm -rf .demo .pytest_cache

@@ -23,20 +23,22 @@ def free_port() -> int:
 
 
 class ComfyServer:
-    def __init__(self, base_dir: str, port: int | None = None, log_path: str | None = None):
+    def __init__(self, base_dir: str, port: int | None = None, log_path: str | None = None,
+                 extra_args: tuple[str, ...] = ()):
         self.base_dir = make_base_directory(base_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or os.path.join(base_dir, "comfyui.log")
         self.process: subprocess.Popen | None = None
         self.client_id = uuid.uuid4().hex
+        self.extra_args = tuple(extra_args)
 
     def start(self, timeout: float = 180.0) -> "ComfyServer":
         log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [VENV_PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
              "--base-directory", self.base_dir, "--database-url", "sqlite:///:memory:",
-             "--disable-auto-launch"],
+             "--disable-auto-launch", *self.extra_args],
             cwd=COMFYUI_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

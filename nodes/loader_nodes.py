@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import folder_paths
@@ -16,6 +17,12 @@ from .types import CATEGORY, ExpertsType
 NONE = "none"
 DTYPE_TOOLTIP = ("Compute dtype of the experts. 'default' keeps the file's own precision (fp8 files are "
                  "dequantised to bf16); fp32 is exact and slowest.")
+
+
+def collect_dropped_experts() -> None:
+    """Experts that ComfyUI has just dropped may still be held by reference cycles (cache-dit binds its
+    forward to the module), which only a full collection frees: free them before loading new ones."""
+    gc.collect()
 
 
 def expert_path(input_name: str, name: str) -> str | None:
@@ -68,6 +75,7 @@ class Wan22ExpertLoader(io.ComfyNode):
     @classmethod
     def execute(cls, high_noise_model, low_noise_model, weight_dtype) -> io.NodeOutput:
         core.require_some_expert(high_noise_model, low_noise_model)
+        collect_dropped_experts()
         progress = comfy.utils.ProgressBar(sum(name != NONE for name in (high_noise_model, low_noise_model)))
         experts = core.load_single_file_experts(expert_path("high_noise_model", high_noise_model),
                                                 expert_path("low_noise_model", low_noise_model),
@@ -132,6 +140,7 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_folder, experts, weight_dtype) -> io.NodeOutput:
+        collect_dropped_experts()
         progress = comfy.utils.ProgressBar(len(core.DIFFUSERS_CHOICES.get(experts, ())))
         loaded = core.load_diffusers_experts(diffusers_folder_path(model_folder), experts, weight_dtype,
                                              on_loaded=lambda: progress.update(1))

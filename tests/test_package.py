@@ -86,3 +86,32 @@ def test_every_node_has_a_help_page():
     for node_id in node_ids:
         page = os.path.join(ROOT, "web", "docs", f"{node_id}.md")
         assert os.path.isfile(page) and open(page).read().startswith("# "), node_id
+
+
+PACK_SOURCES = [os.path.join(ROOT, "__init__.py")] + [
+    os.path.join(d, f) for d, _, files in os.walk(os.path.join(ROOT, "nodes")) for f in files if f.endswith(".py")]
+NETWORK_MODULES = {"socket", "urllib", "requests", "httpx", "http", "ftplib", "smtplib", "huggingface_hub"}
+
+
+def test_the_pack_never_touches_the_network_nor_runs_code_from_strings_or_pickles():
+    for path in PACK_SOURCES:
+        tree = ast.parse(open(path).read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in ("eval", "exec", "compile", "__import__"), f"{path}:{node.lineno}"
+            if isinstance(node, ast.Attribute):
+                assert not (node.attr == "load" and getattr(node.value, "id", "") in ("torch", "pickle")), \
+                    f"{path}:{node.lineno}"
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for name in names:
+                    assert name.split(".")[0] not in NETWORK_MODULES | {"pickle"}, f"{path}:{node.lineno} {name}"
+
+
+def test_the_suite_runs_with_only_loopback():
+    if os.environ.get("WAN22_OFFLINE") != "1":
+        import pytest
+        pytest.skip("not inside devtools/offline.sh's network namespace (make test runs the suite there)")
+    with open("/proc/net/dev") as f:  # this network namespace's interfaces (sysfs may show the host's)
+        interfaces = [line.split(":")[0].strip() for line in f.readlines()[2:]]
+    assert interfaces == ["lo"]

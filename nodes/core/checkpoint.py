@@ -11,7 +11,6 @@ import os
 import struct
 
 import torch
-from safetensors import safe_open
 
 # Where ComfyUI's repackaged files (and others) keep the diffusion model's tensors.
 KEY_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
@@ -87,6 +86,28 @@ def _quant_layers(read, names: set[str], metadata: dict) -> dict[str, str]:
     return layers
 
 
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+                      "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _read_tensor(f, data_start: int, name: str, entry: dict, path: str) -> torch.Tensor:
+    """Reads one tensor straight into memory of its own (aligned, owned), without mapping the file:
+    a mapped file would count twice in the process's memory while its tensors are copied out."""
+    dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+    if dtype is None:
+        raise CheckpointFileError(f"{os.path.basename(path)}: tensor {name} has the unsupported dtype {entry['dtype']}")
+    tensor = torch.empty(entry["shape"], dtype=dtype)
+    begin, end = entry["data_offsets"]
+    if end - begin != tensor.numel() * tensor.element_size():
+        raise CheckpointFileError(f"{os.path.basename(path)} is corrupt: tensor {name} does not fit its shape")
+    if end > begin:
+        f.seek(data_start + begin)
+        if f.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != end - begin:
+            raise CheckpointFileError(f"{os.path.basename(path)} is truncated at tensor {name}")
+    return tensor
+
+
 def load_state_dict(path: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The diffusion model's tensors in the original Wan layout (prefix stripped), in `dtype`.
 
@@ -96,9 +117,12 @@ def load_state_dict(path: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     header, metadata = read_header(path)
     prefix = key_prefix(header)
     names = set(strip_prefix(header, prefix))
-    with safe_open(path, framework="pt", device="cpu") as f:
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        data_start = 8 + header_len
+
         def read(name: str) -> torch.Tensor:
-            return f.get_tensor(prefix + name)
+            return _read_tensor(f, data_start, name, header[prefix + name], path)
 
         layers = _quant_layers(read, names, metadata)
         for layer, fmt in layers.items():
@@ -119,10 +143,8 @@ def load_state_dict(path: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
                 if tensor.dtype == torch.uint8:  # fp8 stored as raw bytes
                     tensor = tensor.view(FP8_FORMATS[layers[layer]])
                 scale = read(scale_name).to(torch.float32) if scale_name in names else torch.tensor(1.0)
-                tensor = tensor.to(torch.float32) * scale
-            # An owned copy: tensors mapped from the file are only 8-byte aligned (which changes the CPU
-            # kernels' rounding) and would change under us if the file were replaced.
-            state_dict[name] = tensor.to(dtype, copy=True)
+                tensor = tensor.to(dtype).mul_(scale)
+            state_dict[name] = tensor.to(dtype)
     return state_dict
 
 

@@ -175,3 +175,11 @@ def test_a_refused_prompt_changes_nothing_for_the_next_one(comfyui, tiny_models)
     refused(comfyui, schedule_prompt(loader(high, tiny_models["broken"]["truncated"])))
     again = comfyui.run(good, executor=comfyui.new_executor())  # computed afresh, not from the cache
     assert again.success and split_of(again) == (17, 23)
+
+
+def test_names_outside_the_model_folders_are_refused(comfyui, tiny_models):
+    low = tiny_models["names"][("t2v", "low", "fp16")]
+    details = refused(comfyui, schedule_prompt(loader(high="../../../../etc/passwd", low=low)))
+    assert "high_noise_model:" in details and "is not in models/diffusion_models" in details
+    details = refused(comfyui, schedule_prompt(diffusers_loader("../../..", "both")))
+    assert "model_folder: '../../..' is not a folder under models/diffusers" in details

@@ -1,0 +1,177 @@
+"""Endurance through a real server: many prompts over the HTTP API, mixing flow shifts, boundaries,
+samplers, step counts, cache on and off, one and two experts, with interrupts and invalid prompts.
+
+    .venv/bin/python -m bench.endurance [--prompts 40] [--interrupts 2] [--invalid 3]
+
+Checks, and prints as JSON: every valid prompt succeeds and its report's split equals the split its
+own schedule gives; invalid prompts fail with errors that name the input; the server's RSS after
+warm-up grows by less than 5% (with --cache-classic: ComfyUI's default cache holds past prompts'
+outputs until RAM runs short, which is growth by design); the first prompt, run again at the end, is
+bit-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import tempfile
+
+from bench.common import pack
+
+HIGH, LOW = "wan2.2_t2v_high_noise_14B_fp16.safetensors", "wan2.2_t2v_low_noise_14B_fp16.safetensors"
+WARM_UP = 6
+
+
+def prompt(index: int, *, sampler="unipc", steps=6, flow_shift=5.0, boundary="auto", ratio=0.875, cache=True,
+           experts="both", seed=0, size=(64, 64, 5)) -> dict:
+    from devtools.standins import TEXT_FOLDER
+    from devtools.workflow_specs import CACHE_DEFAULTS
+
+    high = HIGH if experts in ("both", "high") else "none"
+    low = LOW if experts in ("both", "low") else "none"
+    width, height, length = size
+    return {
+        "1": {"class_type": "Wan22ExpertLoader", "inputs": {"high_noise_model": high, "low_noise_model": low,
+                                                            "weight_dtype": "fp32"}},
+        "2": {"class_type": "Wan22Schedule", "inputs": {"experts": ["1", 0], "sampler": sampler, "steps": steps,
+                                                        "flow_shift": flow_shift, "boundary": boundary,
+                                                        "boundary_ratio": ratio}},
+        "3": {"class_type": "Wan22TextEncode", "inputs": {"model_folder": TEXT_FOLDER, "prompt": "a cat walks",
+                                                          "negative_prompt": "blurry"}},
+        "4": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": width, "height": height, "length": length,
+                                                                  "batch_size": 1}},
+        "6": {"class_type": "Wan22CacheDiT", "inputs": {"experts": ["1", 0], **CACHE_DEFAULTS, "enabled": cache}},
+        "5": {"class_type": "Wan22TwoStageSampler",
+              "inputs": {"experts": ["6", 0], "schedule": ["2", 0], "positive": ["3", 0], "negative": ["3", 1],
+                         "latent_image": ["4", 0], "seed": seed, "cfg_high": 4.0, "cfg_low": 3.0}},
+        "7": {"class_type": "SaveLatent", "inputs": {"samples": ["5", 0],
+                                                     "filename_prefix": f"endurance/p{index:03d}"}},
+    }
+
+
+def expected_split(p: dict) -> tuple[int, int]:
+    pack()
+    from wan22_cachedit.nodes.core.schedule import DEFAULT_BOUNDARY, build_schedule
+
+    s, loader = p["2"]["inputs"], p["1"]["inputs"]
+    return build_schedule(sampler=s["sampler"], steps=s["steps"], flow_shift=s["flow_shift"],
+                          has_high=loader["high_noise_model"] != "none", has_low=loader["low_noise_model"] != "none",
+                          model_default=DEFAULT_BOUNDARY["t2v"],
+                          custom_ratio=s["boundary_ratio"] if s["boundary"] == "custom" else None).split
+
+
+def invalid_prompts(start: int) -> list[tuple[dict, str]]:
+    """(prompt, what its error must say): refused at queue time, or failing at run time."""
+    bad_shift = prompt(start, flow_shift=-1.0)
+    missing = prompt(start + 1)
+    missing["1"]["inputs"]["low_noise_model"] = "wan2.2_t2v_low_noise_14B_missing.safetensors"
+    too_deep = prompt(start + 2)
+    too_deep["6"]["inputs"]["first_compute_blocks"] = 8
+    return [(bad_shift, "flow_shift"), (missing, "low_noise_model"), (too_deep, "first_compute_blocks")]
+
+
+def plan(total: int, interrupts: int, invalid: int, seed: int = 7) -> list[tuple[str, dict]]:
+    rng = random.Random(seed)
+    items = []
+    for i in range(total - interrupts - invalid):
+        boundary = rng.choice(["auto", "custom"])
+        items.append(("valid", prompt(i, sampler=rng.choice(["unipc", "euler", "dpmpp"]), steps=rng.randint(3, 10),
+                                      flow_shift=rng.choice([3.0, 5.0, 8.0, 12.0]), boundary=boundary,
+                                      ratio=rng.choice([0.8, 0.9, 0.95]), cache=rng.random() < 0.6,
+                                      experts=rng.choice(["both", "both", "low", "high"]), seed=rng.randint(0, 99))))
+    items[0] = ("valid", prompt(0, steps=8, cache=True, seed=1234))  # the prompt run again at the end
+    for k in range(interrupts):
+        items.insert(WARM_UP + 3 + 5 * k, ("interrupt", prompt(1000 + k, steps=300, size=(256, 256, 9), seed=k)))
+    for k, (p, _) in enumerate(invalid_prompts(2000)):
+        if k < invalid:
+            items.insert(WARM_UP + 1 + 7 * k, ("invalid", p))
+    return items
+
+
+def run_endurance(server, total=40, interrupts=2, invalid=3, log=print) -> dict:
+    import psutil
+    import torch
+    from safetensors.torch import load_file
+
+    process = psutil.Process(server.process.pid)
+    items = plan(total, interrupts, invalid)
+    expected_errors = {json.dumps(p, sort_keys=True): needle for p, needle in invalid_prompts(2000)}
+    results = {"valid": 0, "valid_ok": 0, "split_mismatches": [], "failures": [], "interrupted": 0,
+               "invalid": 0, "invalid_clear": 0, "rss_mb": []}
+    rss_after_warm_up = None
+
+    def latent(index: int):
+        (path,) = glob.glob(os.path.join(server.base_dir, "output", "endurance", f"p{index:03d}_*.latent"))
+        return load_file(path)["latent_tensor"]
+
+    for n, (kind, p) in enumerate(items):
+        if kind == "interrupt":
+            _, messages = server.run_and_interrupt(p, node_id="5", at_step=3)
+            results["interrupted"] += any(m["type"] == "execution_interrupted" for m in messages)
+        elif kind == "invalid":
+            results["invalid"] += 1
+            needle = expected_errors[json.dumps(p, sort_keys=True)]
+            status, body = server.queue(p)
+            if status == 400:
+                text = json.dumps(body.get("node_errors", {}))
+            else:
+                entry = server.wait(body["prompt_id"], timeout=120)
+                text = json.dumps([m for m in entry["status"]["messages"] if m[0] == "execution_error"])
+            results["invalid_clear"] += needle in text
+        else:
+            results["valid"] += 1
+            status, body = server.queue(p)
+            entry = server.wait(body["prompt_id"], timeout=300) if status == 200 else {"status": {"status_str": body}}
+            if entry["status"]["status_str"] != "success":
+                results["failures"].append((n, entry["status"]))
+                continue
+            results["valid_ok"] += 1
+            report = entry["outputs"]["5"]["report"][0]
+            got = (report["split"]["high"], report["split"]["low"])
+            if got != expected_split(p):
+                results["split_mismatches"].append((n, got, expected_split(p)))
+        rss = process.memory_info().rss / 2**20
+        results["rss_mb"].append(round(rss, 1))
+        if n + 1 == WARM_UP:
+            rss_after_warm_up = rss
+        log(f"[endurance] {n + 1:3d}/{len(items)} {kind:9s} rss {rss:7.1f} MB")
+
+    first = latent(0)
+    again = prompt(999, steps=8, cache=True, seed=1234)
+    status, body = server.queue(again)
+    server.wait(body["prompt_id"], timeout=300)
+    results["first_prompt_repeats"] = bool(torch.equal(first, latent(999)))
+    results["rss_growth"] = results["rss_mb"][-1] / rss_after_warm_up - 1.0
+    results["prompts"] = len(items)
+    results["ok"] = (results["valid_ok"] == results["valid"] and not results["split_mismatches"]
+                     and results["interrupted"] == interrupts and results["invalid_clear"] == results["invalid"]
+                     and results["rss_growth"] < 0.05 and results["first_prompt_repeats"])
+    return results
+
+
+def main() -> int:
+    from devtools.comfy_server import ComfyServer
+    from devtools.standins import write_standins
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=40)
+    parser.add_argument("--interrupts", type=int, default=2)
+    parser.add_argument("--invalid", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="wan22-endurance-") as base:
+        write_standins(os.path.join(base, "models"), os.path.join(base, "input"))
+        # ComfyUI's default cache keeps past prompts' outputs until RAM runs short, by design; the classic
+        # cache keeps only the current graph's, so that growth measured here would be a leak.
+        with ComfyServer(base, extra_args=("--cache-classic",)) as server:
+            results = run_endurance(server, args.prompts, args.interrupts, args.invalid)
+    summary = {k: v for k, v in results.items() if k != "rss_mb"}
+    summary["rss_first_last_mb"] = [results["rss_mb"][0], results["rss_mb"][-1]]
+    print(json.dumps(summary, indent=2, default=str))
+    return 0 if results["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

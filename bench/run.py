@@ -1,0 +1,294 @@
+"""`make bench`: the pack measured against the alternatives, side by side in one process.
+
+Prints a table and writes bench/results/latest.{json,md,png}. Timing is interleaved (A, B, B, A, ...)
+and the median taken, so the noise of a shared machine falls on both sides alike.
+
+    .venv/bin/python -m bench.run [--repeats N] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from bench.common import ROOT, Timer, interleaved, pack, text_embeddings
+
+RESULTS = os.path.join(ROOT, "bench", "results")
+# One expert forward takes about 85 ms on this machine's two cores at this size, and, as in the real
+# experts, attention over the video tokens dominates (720 tokens here; the 512-position umt5 text
+# projection, which no cache can skip, stays a small share).
+SPEED_EXPERT = {"dim": 128, "ffn_dim": 512, "num_layers": 16}
+SPEED_LATENT = (1, 16, 5, 24, 24)  # 192x192 pixels, 17 frames
+RUN = {"sampler": "unipc", "steps": 20, "flow_shift": 12.0, "cfg_high": 4.0, "cfg_low": 3.0, "boundary": 0.875}
+# Experts large enough that their weights, not the ~0.8 GB of Python, torch and diffusers, decide the memory
+# (as they do for 14B experts): 0.8 B parameters, 3.2 GB in fp32, each.
+MEMORY_EXPERT = {"dim": 2048, "ffn_dim": 8192, "num_layers": 12}
+
+
+def build(device):
+    pack()
+    from devtools import tiny_wan
+    from wan22_cachedit.nodes.core.experts import Wan22Experts, WanExpertConfig
+
+    high = tiny_wan.make_expert("t2v", 1, **SPEED_EXPERT).to(device)
+    low = tiny_wan.make_expert("t2v", 2, **SPEED_EXPERT).to(device)
+    experts = Wan22Experts(high_noise=high, low_noise=low, config=WanExpertConfig.from_diffusers_config(high.config),
+                           dtype=torch.float32, sources=("bench-high", "bench-low"), default_boundary=RUN["boundary"])
+    return experts
+
+
+def run_inputs(device):
+    from wan22_cachedit.nodes.core.denoise import DenoiseInputs
+
+    noise = torch.randn(SPEED_LATENT, generator=torch.Generator().manual_seed(42))
+    return DenoiseInputs(positive=text_embeddings(1), negative=text_embeddings(2), noise=noise)
+
+
+def ours(experts, schedule, inputs, device):
+    from wan22_cachedit.nodes.core import denoise
+
+    placement = denoise.KeepInPlace(device)
+    return lambda: denoise.denoise(experts, schedule, inputs, RUN["cfg_high"], RUN["cfg_low"], placement=placement)
+
+
+def diffusers_pipeline(high, low, inputs, device, before=None):
+    from diffusers import WanPipeline
+    from wan22_cachedit.nodes.core.schedule import SAMPLERS
+
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=SAMPLERS[RUN["sampler"]](RUN["flow_shift"]),
+                       transformer=high, transformer_2=low, boundary_ratio=RUN["boundary"])
+    pipe.set_progress_bar_config(disable=True)
+
+    def call():
+        if before is not None:
+            before()
+        return pipe(prompt_embeds=inputs.positive.to(device), negative_prompt_embeds=inputs.negative.to(device),
+                    latents=inputs.noise.to(device), num_inference_steps=RUN["steps"], guidance_scale=RUN["cfg_high"],
+                    guidance_scale_2=RUN["cfg_low"], output_type="latent", height=SPEED_LATENT[3] * 8,
+                    width=SPEED_LATENT[4] * 8, num_frames=(SPEED_LATENT[2] - 1) * 4 + 1).frames
+    return call
+
+
+def psnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """PSNR of latents, with the reference's value range as the peak."""
+    mse = torch.mean((reference - other) ** 2).item()
+    peak = (reference.max() - reference.min()).item()
+    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+def compare_speed(device, repeats: int) -> dict:
+    pack()
+    import cache_dit
+    from wan22_cachedit.nodes.core import cache, schedule as sched
+
+    timer = Timer(device)
+    experts = build(device)
+    inputs = run_inputs(device)
+    schedule = sched.build_schedule(sampler=RUN["sampler"], steps=RUN["steps"], flow_shift=RUN["flow_shift"],
+                                    has_high=True, has_low=True, model_default=RUN["boundary"])
+    plan = cache.CachePlan()
+
+    # 1. overhead: our uncached sampler against diffusers' WanPipeline, same modules and inputs.
+    overhead = interleaved(timer, {
+        "ours": ours(experts, schedule, inputs, device),
+        "wanpipeline": diffusers_pipeline(experts.high_noise, experts.low_noise, inputs, device),
+    }, repeats)
+    (ours_latent, _), ours_s, _ = overhead["ours"]
+    pipe_latent, pipe_s, _ = overhead["wanpipeline"]
+
+    # 2. speed-up: our sampler with the default cache plan against without.
+    cached_experts = experts.replace(cache_plan=plan)
+    speed = interleaved(timer, {
+        "uncached": ours(experts, schedule, inputs, device),
+        "cached": ours(cached_experts, schedule, inputs, device),
+    }, repeats)
+    (uncached_latent, uncached_record), uncached_s, _ = speed["uncached"]
+    (cached_latent, cached_record), cached_s, _ = speed["cached"]
+    blocks = lambda record: sum(v["block_forwards"] for v in record.cache.values())  # noqa: E731
+    rel_l2 = ((cached_latent - uncached_latent).norm() / uncached_latent.norm()).item()
+
+    # 3. against cache-dit used directly on diffusers' WanPipeline, with the same per-expert settings
+    # (copies of the experts, each cached as a bare module and refreshed with its steps before each call).
+    high_copy, low_copy = copy.deepcopy(experts.high_noise), copy.deepcopy(experts.low_noise)
+    for module, role in ((high_copy, "high"), (low_copy, "low")):
+        cache.remove(module)
+        cache_dit.enable_cache(module, cache_config=plan.db_cache_config(role, None, True))
+
+    def refresh_copies():
+        for module, role, steps in ((high_copy, "high", schedule.high_steps), (low_copy, "low", schedule.low_steps)):
+            cache_dit.refresh_context(module, cache_config=plan.db_cache_config(role, steps, True))
+
+    versus = interleaved(timer, {
+        "ours_cached": ours(cached_experts, schedule, inputs, device),
+        "cachedit_wanpipeline": diffusers_pipeline(high_copy, low_copy, inputs, device, before=refresh_copies),
+    }, repeats)
+    (_, ours_cached_record), ours_cached_s, _ = versus["ours_cached"]
+    library_latent, library_s, _ = versus["cachedit_wanpipeline"]
+    library_steps = {}
+    for module, role in ((high_copy, "high"), (low_copy, "low")):
+        stats = [s for s in cache_dit.summary(module, details=False, logging=False) if s.cache_options][0]
+        library_steps[role] = {"cached": sorted(stats.cached_steps), "cfg_cached": sorted(stats.cfg_cached_steps)}
+    our_steps = {role: {"cached": ours_cached_record.cache[role]["cached_steps"],
+                        "cfg_cached": ours_cached_record.cache[role]["cfg_cached_steps"]} for role in ("high", "low")}
+    for module in (high_copy, low_copy):
+        cache.remove(module)
+    cache.reconcile(experts)  # leave the bench experts uncached
+
+    return {
+        "overhead_ratio": ours_s / pipe_s, "overhead_max_abs": (ours_latent - pipe_latent).abs().max().item(),
+        "ours_uncached_s": ours_s, "wanpipeline_s": pipe_s,
+        "speedup": uncached_s / cached_s, "block_forward_ratio": blocks(uncached_record) / blocks(cached_record),
+        "uncached_s": uncached_s, "cached_s": cached_s,
+        "block_forwards": {"uncached": blocks(uncached_record), "cached": blocks(cached_record)},
+        "cached_steps": our_steps, "rel_l2": rel_l2, "psnr_db": psnr_db(uncached_latent, cached_latent),
+        "vs_cachedit_ratio": ours_cached_s / library_s, "ours_cached_s": ours_cached_s, "cachedit_wanpipeline_s": library_s,
+        "same_cached_steps": our_steps == library_steps, "cachedit_cached_steps": library_steps,
+        "vs_cachedit_max_abs": (cached_latent - library_latent).abs().max().item(),
+        "split": list(schedule.split),
+    }
+
+
+def write_memory_experts(folder: str) -> dict:
+    from devtools import tiny_wan
+
+    paths = {}
+    for role, seed in (("high", 1), ("low", 2)):
+        model = tiny_wan.make_expert("t2v", seed, **MEMORY_EXPERT)
+        for fmt in ("fp32", "fp16", "fp8_scaled"):
+            paths[(role, fmt)] = tiny_wan.write_single_file(model, os.path.join(folder, f"{role}_{fmt}.safetensors"), fmt)
+        del model
+    return paths
+
+
+def compare_memory(paths: dict) -> dict:
+    def probe(high, low):
+        out = subprocess.run([sys.executable, "-m", "bench.memory_probe", high, low], cwd=ROOT, capture_output=True,
+                             text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    low_only = probe("none", paths[("low", "fp32")])
+    both = probe(paths[("high", "fp32")], paths[("low", "fp32")])
+    return {"rss_ratio_low_only": low_only["peak_rss_mb"] / both["peak_rss_mb"],
+            "rss_low_only_mb": low_only["peak_rss_mb"], "rss_both_mb": both["peak_rss_mb"],
+            "rss_baseline_mb": both["baseline_rss_mb"]}
+
+
+def compare_loading(paths: dict, repeats: int) -> dict:
+    pack()
+    from safetensors.torch import load_file
+    from wan22_cachedit.nodes.core.experts import load_single_file_experts
+
+    timer = Timer(torch.device("cpu"))
+    out = {}
+    for fmt in ("fp16", "fp8_scaled"):
+        path = paths[("low", fmt)]
+        # The raw read materialises every tensor (load_file alone only maps the file).
+        result = interleaved(timer, {"ours": lambda: load_single_file_experts(None, path, "default"),
+                                     "raw": lambda: {k: v.clone() for k, v in load_file(path).items()}}, repeats)
+        key = "fp16" if fmt == "fp16" else "fp8"
+        out[f"load_ratio_{key}"] = result["ours"][1] / result["raw"][1]
+        out[f"load_{key}_s"] = result["ours"][1]
+        out[f"raw_read_{key}_s"] = result["raw"][1]
+    return out
+
+
+ACCEPTANCE = [
+    ("overhead_ratio", "<=", 1.03), ("overhead_max_abs", "<=", 1e-5), ("speedup", ">=", 1.6),
+    ("rel_l2", "<=", 0.02), ("vs_cachedit_ratio", "<=", 1.03), ("same_cached_steps", "==", True),
+    ("rss_ratio_low_only", "<=", 0.6), ("load_ratio_fp16", "<=", 1.3), ("load_ratio_fp8", "<=", 1.3),
+]
+
+
+def holds(value, op, bound) -> bool:
+    return {"<=": value <= bound, ">=": value >= bound, "==": value == bound}[op]
+
+
+def table(results: dict) -> str:
+    rows = [("overhead: ours uncached / WanPipeline (wall)", "overhead_ratio", "<= 1.03"),
+            ("overhead: max abs difference of latents", "overhead_max_abs", "<= 1e-5"),
+            ("speed-up: uncached / cached (wall)", "speedup", ">= 1.6"),
+            ("block-forward ratio (ceiling)", "block_forward_ratio", ""),
+            ("speed-up / block-forward ratio", "speedup_share", ">= 0.9"),
+            ("cache error: relative L2 of latents", "rel_l2", "<= 0.02"),
+            ("cache error: PSNR of latents (dB)", "psnr_db", ""),
+            ("ours cached / cache-dit on WanPipeline (wall)", "vs_cachedit_ratio", "<= 1.03"),
+            ("same cached steps per expert as cache-dit direct", "same_cached_steps", "== True"),
+            ("peak RSS, low-noise only / both experts", "rss_ratio_low_only", "<= 0.6"),
+            ("single-file load / raw safetensors read, fp16", "load_ratio_fp16", "<= 1.3"),
+            ("single-file load / raw safetensors read, fp8", "load_ratio_fp8", "<= 1.3")]
+    lines = ["| measure | value | target |", "|---|---|---|"]
+    for label, key, target in rows:
+        value = results[key]
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        lines.append(f"| {label} | {shown} | {target} |")
+    return "\n".join(lines)
+
+
+def chart(results: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["WanPipeline", "ours", "ours + cache", "cache-dit on\nWanPipeline"]
+    values = [results["wanpipeline_s"], results["ours_uncached_s"], results["cached_s"], results["cachedit_wanpipeline_s"]]
+    left.bar(names, values, color=["#888888", "#4287f5", "#e88b2c", "#b06ad9"])
+    left.set_ylabel("seconds per run (median)")
+    left.set_title(f"{RUN['steps']} {RUN['sampler']} steps, split {results['split'][0]}/{results['split'][1]}")
+    ratios = ["overhead_ratio", "speedup", "block_forward_ratio", "vs_cachedit_ratio", "rss_ratio_low_only",
+              "load_ratio_fp16", "load_ratio_fp8"]
+    right.barh(ratios, [results[k] for k in ratios], color="#4287f5")
+    right.axvline(1.0, color="#444444", linewidth=1)
+    right.set_title("ratios")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    torch.manual_seed(0)
+
+    print(f"[bench] speed: experts {SPEED_EXPERT}, latent {SPEED_LATENT}, {RUN}, {args.repeats} interleaved repeats")
+    results = compare_speed(device, args.repeats)
+    results["speedup_share"] = results["speedup"] / results["block_forward_ratio"]
+    with tempfile.TemporaryDirectory(prefix="wan22-bench-") as folder:
+        print(f"[bench] memory and loading: experts {MEMORY_EXPERT}")
+        paths = write_memory_experts(folder)
+        results.update(compare_memory(paths))
+        results.update(compare_loading(paths, args.repeats))
+    results["config"] = {"speed_expert": SPEED_EXPERT, "speed_latent": list(SPEED_LATENT), "run": RUN,
+                         "memory_expert": MEMORY_EXPERT, "repeats": args.repeats, "device": args.device,
+                         "threads": torch.get_num_threads(), "torch": torch.__version__,
+                         "machine": platform.machine(), "cpu_count": os.cpu_count()}
+    results["acceptance"] = {key: holds(results[key], op, bound) for key, op, bound in ACCEPTANCE}
+    results["acceptance"]["speedup_share"] = results["speedup_share"] >= 0.9
+
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "latest.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    text = table(results)
+    with open(os.path.join(RESULTS, "latest.md"), "w") as f:
+        f.write(f"# Benchmark ({args.device})\n\n{text}\n\nConfig: `{json.dumps(results['config'])}`\n")
+    chart(results, os.path.join(RESULTS, "latest.png"))
+    print(text)
+    print(f"[bench] written: {os.path.join(RESULTS, 'latest.json')}, latest.md, latest.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
