@@ -3,7 +3,6 @@ inputs shaped like a real run's, and interleaved timing."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import sys
@@ -18,13 +17,9 @@ if ROOT not in sys.path:
 
 def pack():
     """The pack as a package of its own name (its `nodes` must not be a top-level module)."""
-    if "wan22_cachedit" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("wan22_cachedit", os.path.join(ROOT, "__init__.py"),
-                                                      submodule_search_locations=[ROOT])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["wan22_cachedit"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["wan22_cachedit"]
+    from devtools.paths import import_pack
+
+    return import_pack()
 
 
 class Timer:

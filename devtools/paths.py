@@ -16,3 +16,18 @@ def make_base_directory(base: str) -> str:
     if not os.path.islink(link):
         os.symlink(ROOT, link)
     return base
+
+
+def import_pack(name: str = "wan22_cachedit"):
+    """The pack imported as a package of its own name: its `nodes` package must never be a top-level
+    module, where it would shadow ComfyUI's `nodes`."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "__init__.py"),
+                                                      submodule_search_locations=[ROOT])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -12,13 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # for `devtools`
 
-# The pack imported under a package name of its own: its `nodes` package must not shadow ComfyUI's `nodes`.
-if "wan22_cachedit" not in sys.modules:
-    spec = importlib.util.spec_from_file_location("wan22_cachedit", os.path.join(ROOT, "__init__.py"),
-                                                  submodule_search_locations=[ROOT])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wan22_cachedit"] = module
-    spec.loader.exec_module(module)
+from devtools.paths import import_pack  # noqa: E402
+
+import_pack()  # as `wan22_cachedit`: its `nodes` package must not shadow ComfyUI's `nodes`
 
 from devtools import tiny_wan  # noqa: E402
 
