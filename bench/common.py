@@ -42,15 +42,18 @@ class Timer:
         return result, time.perf_counter() - started
 
 
-def interleaved(timer: Timer, runs: dict, repeats: int) -> dict:
+def interleaved(timer: Timer, runs: dict, repeats: int, before=None) -> dict:
     """Runs each callable `repeats` times, alternating their order round by round so that machine noise
-    falls on all of them alike; returns {name: (last result, median seconds, all seconds)}."""
+    falls on all of them alike; `before()`, untimed, precedes every run. Returns {name: (last result,
+    median seconds, all seconds)}."""
     names = list(runs)
     times = {name: [] for name in names}
     results = {}
     for r in range(repeats):
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
+            if before is not None:
+                before()
             results[name], seconds = timer(runs[name])
             times[name].append(seconds)
     return {name: (results[name], statistics.median(times[name]), times[name]) for name in names}
@@ -62,3 +65,15 @@ def text_embeddings(seed: int, tokens: int = 512, real: int = 24, width: int = 4
     out = torch.zeros(1, tokens, width)
     out[:, :real] = torch.randn(1, real, width, generator=g)
     return out
+
+
+def drop_page_cache() -> bool:
+    """Empties the kernel's page cache (root only), so that a file read really reads the disk, as the
+    first load of a 14 GB expert does. Returns False where it is not allowed."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False

@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 
-from bench.common import ROOT, Timer, interleaved, pack, text_embeddings
+from bench.common import ROOT, Timer, drop_page_cache, interleaved, pack, text_embeddings
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 # One expert forward takes about 85 ms on this machine's two cores at this size, and, as in the real
@@ -188,12 +188,14 @@ def compare_loading(paths: dict, repeats: int) -> dict:
     from wan22_cachedit.nodes.core.experts import load_single_file_experts
 
     timer = Timer(torch.device("cpu"))
-    out = {}
+    cold = drop_page_cache()
+    out = {"page_cache": "dropped before each read" if cold else "warm (dropping it needs root)"}
     for fmt in ("fp16", "fp8_scaled"):
         path = paths[("low", fmt)]
         # The raw read materialises every tensor (load_file alone only maps the file).
         result = interleaved(timer, {"ours": lambda: load_single_file_experts(None, path, "default"),
-                                     "raw": lambda: {k: v.clone() for k, v in load_file(path).items()}}, repeats)
+                                     "raw": lambda: {k: v.clone() for k, v in load_file(path).items()}}, repeats,
+                             before=drop_page_cache if cold else None)
         key = "fp16" if fmt == "fp16" else "fp8"
         out[f"load_ratio_{key}"] = result["ours"][1] / result["raw"][1]
         out[f"load_{key}_s"] = result["ours"][1]
@@ -271,7 +273,7 @@ def main() -> int:
         paths = write_memory_experts(folder)
         results.update(compare_memory(paths))
         results.update(compare_loading(paths, args.repeats))
-    results["config"] = {"speed_expert": SPEED_EXPERT, "speed_latent": list(SPEED_LATENT), "run": RUN,
+    results["config"] = {"page_cache": results.pop("page_cache"), "speed_expert": SPEED_EXPERT, "speed_latent": list(SPEED_LATENT), "run": RUN,
                          "memory_expert": MEMORY_EXPERT, "repeats": args.repeats, "device": args.device,
                          "threads": torch.get_num_threads(), "torch": torch.__version__,
                          "machine": platform.machine(), "cpu_count": os.cpu_count()}

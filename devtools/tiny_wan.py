@@ -73,8 +73,10 @@ def to_original_layout(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
 
 def _is_quantised(name: str) -> bool:
     """Which weights ComfyUI's fp8 files store in fp8: the linear layers inside the blocks."""
-    return name.startswith("blocks.") and name.endswith(".weight") and any(
-        f".{p}." in name for p in ("q", "k", "v", "o", "0", "2")) and ("_attn." in name or ".ffn." in name)
+    return name.startswith("blocks.") and name.endswith((
+        ".self_attn.q.weight", ".self_attn.k.weight", ".self_attn.v.weight", ".self_attn.o.weight",
+        ".cross_attn.q.weight", ".cross_attn.k.weight", ".cross_attn.v.weight", ".cross_attn.o.weight",
+        ".ffn.0.weight", ".ffn.2.weight"))
 
 
 def _fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,11 +108,13 @@ def _read_tensor(f, data_start: int, name: str, entry: dict, path: str) -> torch
     return tensor
 
 
-def load_state_dict(path: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def load_state_dict(path: str, dtype: torch.dtype, fp8_out: dict | None = None) -> dict[str, torch.Tensor]:
     """The diffusion model's tensors in the original Wan layout (prefix stripped), in `dtype`.
 
-    fp8 weights are dequantised with their per-layer scales (`weight.to(dtype) * scale`); the scale
-    and marker tensors are consumed and do not appear in the result.
+    fp8 weights are dequantised with their per-layer scales (`weight.to(dtype) * scale`), or, when
+    `fp8_out` is given, left in fp8: `fp8_out[weight name] = (fp8 weight, scale)` and the state dict holds
+    a zero-cost stand-in of the weight's shape in their place. The scale and marker tensors are consumed and do
+    not appear in the result.
     """
     header, metadata = read_header(path)
     prefix = key_prefix(header)
@@ -143,6 +145,12 @@ def load_state_dict(path: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
                 if tensor.dtype == torch.uint8:  # fp8 stored as raw bytes
                     tensor = tensor.view(FP8_FORMATS[layers[layer]])
                 scale = read(scale_name).to(torch.float32) if scale_name in names else torch.tensor(1.0)
+                if fp8_out is not None:
+                    fp8_out[name] = (tensor, scale)
+                    # A stand-in of the right shape over one element of storage: it costs no memory, and the
+                    # layer is replaced by its fp8 one once the model is built.
+                    state_dict[name] = torch.zeros(1, dtype=dtype).expand(tensor.shape)
+                    continue
                 tensor = tensor.to(dtype).mul_(scale)
             state_dict[name] = tensor.to(dtype)
     return state_dict

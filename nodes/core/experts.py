@@ -18,8 +18,11 @@ from typing import Any
 import torch
 from diffusers import WanTransformer3DModel
 
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
 from . import checkpoint
 from .errors import Wan22InputError
+from .fp8 import install_fp8_layers
 from .logs import quiet_diffusers_dtype_warning
 from .schedule import DEFAULT_BOUNDARY
 
@@ -192,9 +195,13 @@ def _resolve_dtype(weight_dtype: str, stored: torch.dtype | None) -> torch.dtype
 
 
 def load_single_file_expert(path: str, config: WanExpertConfig, dtype: torch.dtype, input_name: str):
-    """One expert through diffusers' single-file loader, with a local config (never the Hub)."""
+    """One expert through diffusers' single-file loader, with a local config (never the Hub).
+
+    fp8 layers stay in fp8 (their weights pass diffusers' loader as meta tensors, then the layers are
+    swapped for ones that dequantise on each call), so an fp8 file costs its own size in memory."""
+    fp8_layers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     try:
-        state_dict = checkpoint.load_state_dict(path, dtype)
+        state_dict = checkpoint.load_state_dict(path, dtype, fp8_out=fp8_layers)
     except checkpoint.CheckpointFileError as e:
         raise Wan22InputError(input_name, f"{e}") from None
     with tempfile.TemporaryDirectory(prefix="wan22-config-") as config_dir:
@@ -203,6 +210,10 @@ def load_single_file_expert(path: str, config: WanExpertConfig, dtype: torch.dty
         with quiet_diffusers_dtype_warning():
             model = WanTransformer3DModel.from_single_file(state_dict, config=config_dir, torch_dtype=dtype,
                                                            local_files_only=True)
+    if fp8_layers:
+        # The names diffusers' own conversion gives the fp8 weights (a dict of names converts like weights).
+        renamed = convert_wan_transformer_to_diffusers({name: name for name in fp8_layers})
+        install_fp8_layers(model, {new[: -len(".weight")]: fp8_layers[old] for new, old in renamed.items()}, dtype)
     unloaded = [n for n, p in model.named_parameters() if p.is_meta]
     if unloaded:
         raise Wan22InputError(input_name, f"{os.path.basename(path)} lacks weights for {unloaded[0]} (and "

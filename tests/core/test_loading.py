@@ -11,6 +11,17 @@ from devtools import tiny_wan
 from wan22_cachedit.nodes.core import checkpoint
 from wan22_cachedit.nodes.core import experts as E
 from wan22_cachedit.nodes.core.errors import Wan22InputError
+from wan22_cachedit.nodes.core.fp8 import Fp8ScaledLinear
+
+
+def effective_state_dict(model):
+    """The weights a model computes with: fp8 layers as their dequantised weight."""
+    state = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, Fp8ScaledLinear):
+            state[f"{name}.weight"] = module.dequantized_weight()
+            del state[f"{name}.scale"]
+    return state
 
 
 def dm(tiny, name):
@@ -57,7 +68,10 @@ def test_each_format_loads_to_the_diffusers_model_it_was_written_from(tiny_model
     assert loaded.high_noise is None and loaded.low_noise is not None
     assert loaded.config.in_channels == source.config.in_channels and loaded.task == task
     expected = rounded_like_file(source, fmt)
-    got = loaded.low_noise.state_dict()
+    got = effective_state_dict(loaded.low_noise)
+    fp8_layers = [m for m in loaded.low_noise.modules() if isinstance(m, Fp8ScaledLinear)]
+    assert bool(fp8_layers) == fmt.startswith("fp8")  # fp8 stays fp8 in memory
+    assert all(m.weight.dtype == torch.float8_e4m3fn for m in fp8_layers)
     assert set(got) == set(expected)
     for name, value in expected.items():  # exactly the file's rounding, nothing more
         assert torch.equal(got[name], value), name
@@ -87,7 +101,31 @@ def test_weight_dtype_default_keeps_the_files_precision_and_fp8_computes_in_bf16
     assert fp16.dtype == torch.float16 and next(fp16.high_noise.parameters()).dtype == torch.float16
     fp8 = E.load_single_file_experts(None, dm(tiny_models, names[("t2v", "low", "fp8_comfy_quant")]))
     assert fp8.dtype == torch.bfloat16
-    assert {p.dtype for p in fp8.low_noise.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in fp8.low_noise.parameters()} == {torch.bfloat16, torch.float8_e4m3fn}
+    assert {m.compute_dtype for m in fp8.low_noise.modules() if isinstance(m, Fp8ScaledLinear)} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_fp8_layers_compute_exactly_as_weights_dequantised_at_load(tiny_models, dtype):
+    import copy
+
+    path = dm(tiny_models, tiny_models["names"][("t2v", "high", "fp8_scaled")])
+    kept = E.load_single_file_experts(path, None, dtype).high_noise
+    dequantised = copy.deepcopy(kept)
+    for name, module in list(dequantised.named_modules()):
+        if isinstance(module, Fp8ScaledLinear):
+            linear = torch.nn.Linear(module.in_features, module.out_features, dtype=module.compute_dtype)
+            linear.weight.data, linear.bias = module.dequantized_weight(), module.bias
+            parent, _, child = name.rpartition(".")
+            setattr(dequantised.get_submodule(parent), child, linear)
+    def run(model):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1, 16, 2, 8, 8, generator=g).to(E.WEIGHT_DTYPES[dtype])
+        text = torch.randn(1, 16, 4096, generator=g).to(E.WEIGHT_DTYPES[dtype])
+        return model(x, torch.tensor([731.0]), text, return_dict=False)[0]
+
+    out = run(kept)
+    assert out.dtype == E.WEIGHT_DTYPES[dtype] and torch.equal(out, run(dequantised))
 
 
 def test_both_experts_load_and_keep_their_own_weights(tiny_models):
