@@ -15,8 +15,8 @@ from .core.errors import Wan22InputError
 from .types import CATEGORY, ExpertsType
 
 NONE = "none"
-DTYPE_TOOLTIP = ("Compute dtype of the experts. 'default' keeps the file's own precision (fp8 files are "
-                 "dequantised to bf16); fp32 is exact and slowest.")
+DTYPE_TOOLTIP = ("Compute dtype of the experts. 'default' keeps the file's own precision (fp8 files compute in "
+                 "bf16 and stay fp8 in memory); fp32 is exact and slowest.")
 
 
 def collect_dropped_experts() -> None:
