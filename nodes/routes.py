@@ -3,8 +3,6 @@ schedule node uses, so the canvas can show it live as the widgets change."""
 
 from __future__ import annotations
 
-import os
-
 from aiohttp import web
 from server import PromptServer
 

@@ -99,7 +99,6 @@ class Wan22TwoStageSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, experts, schedule, positive, negative, latent_image, seed, cfg_high, cfg_low) -> io.NodeOutput:
-        denoise.check_run(experts, schedule)
         inputs = sampler_inputs.prepare_inputs(experts, positive, negative, latent_image, seed)
         placement = ComfyPlacement()
         progress = comfy.utils.ProgressBar(schedule.steps)

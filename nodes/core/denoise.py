@@ -91,10 +91,6 @@ class DenoiseInputs:
     condition: torch.Tensor | None = None
 
 
-def expert_for(experts: Wan22Experts, schedule: Wan22Schedule, timestep) -> str:
-    return "high" if schedule.boundary.routes_high(timestep) else "low"
-
-
 def check_run(experts: Wan22Experts, schedule: Wan22Schedule) -> None:
     """The schedule must have been resolved for these experts (it pins the boundary by what is loaded)."""
     if (schedule.has_high, schedule.has_low, schedule.model_default) != (
@@ -106,11 +102,9 @@ def check_run(experts: Wan22Experts, schedule: Wan22Schedule) -> None:
 def denoise(experts: Wan22Experts, schedule: Wan22Schedule, inputs: DenoiseInputs, cfg_high: float,
             cfg_low: float, placement: ExpertPlacement | None = None,
             before_step: Callable[[int, int], None] | None = None,
-            after_step: Callable[[int, int], None] | None = None,
-            before_run: Callable[[tuple[int, int]], None] | None = None) -> tuple[torch.Tensor, RunRecord]:
+            after_step: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, RunRecord]:
     """Denoises `inputs.noise` to the final latent (model space, fp32). Returns it with the run's record.
 
-    `before_run(split)` sees the split counted from the very scheduler this loop steps through.
     `before_step(i, n)` may raise to interrupt; the placement is released whatever happens.
     """
     check_run(experts, schedule)
@@ -125,8 +119,6 @@ def denoise(experts: Wan22Experts, schedule: Wan22Schedule, inputs: DenoiseInput
     # each expert's context with its share of the split counted from the scheduler stepped below.
     cache.reconcile(experts)
     cache_configs = cache.refresh(experts, split, scales)
-    if before_run is not None:
-        before_run(split)
 
     dtype = experts.dtype
     latents = inputs.noise.to(device=device, dtype=torch.float32)
@@ -141,7 +133,7 @@ def denoise(experts: Wan22Experts, schedule: Wan22Schedule, inputs: DenoiseInput
                 if before_step is not None:
                     before_step(i, total)
                 started = time.perf_counter()
-                role = expert_for(experts, schedule, t)
+                role = "high" if schedule.boundary.routes_high(t) else "low"  # the rule that counted the split
                 model, guidance = modules[role], scales[role]
                 placement.activate(role, model)
 
