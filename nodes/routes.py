@@ -21,16 +21,14 @@ def loaded_experts(loader: dict) -> tuple[bool, bool, float]:
         choice = values.get("experts", "both")
         configs, declared = core_experts.inspect_diffusers_folder(diffusers_folder_path(values.get("model_folder", "")),
                                                                   choice)
-        config = next(iter(configs.values()))
-        default = declared if declared is not None else core_schedule.DEFAULT_BOUNDARY[config.task]
+        default = core_experts.default_boundary(next(iter(configs.values())), declared)
         return "high_noise" in configs, "low_noise" in configs, default
     if kind == "Wan22ExpertLoader":
         high, low = values.get("high_noise_model", NONE), values.get("low_noise_model", NONE)
         core_experts.require_some_expert(high, low)
         configs = core_experts.inspect_single_files({"high_noise": expert_path("high_noise_model", high),
                                                      "low_noise": expert_path("low_noise_model", low)})
-        config = next(iter(configs.values()))
-        return high != NONE, low != NONE, core_schedule.DEFAULT_BOUNDARY[config.task]
+        return high != NONE, low != NONE, core_experts.default_boundary(next(iter(configs.values())))
     raise Wan22InputError("experts", "connect the experts input to a Wan2.2 expert loader")
 
 

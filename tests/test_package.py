@@ -16,10 +16,10 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 def test_the_package_imports_outside_comfyui():
     code = f"""
-import importlib.util, inspect, sys
-spec = importlib.util.spec_from_file_location("pack", {os.path.join(ROOT, "__init__.py")!r},
-                                              submodule_search_locations=[{ROOT!r}])
-pack = importlib.util.module_from_spec(spec); sys.modules["pack"] = pack; spec.loader.exec_module(pack)
+import inspect, sys
+sys.path.insert(0, {ROOT!r})
+from devtools.paths import import_pack
+pack = import_pack("pack")
 assert inspect.iscoroutinefunction(pack.comfy_entrypoint)
 print(pack.WEB_DIRECTORY)
 """
@@ -32,10 +32,10 @@ def test_the_core_never_imports_comfyui():
     core = os.path.join(ROOT, "nodes", "core")
     modules = sorted(f[:-3] for f in os.listdir(core) if f.endswith(".py") and f != "__init__.py")
     code = f"""
-import importlib, importlib.util, sys
-spec = importlib.util.spec_from_file_location("pack", {os.path.join(ROOT, "__init__.py")!r},
-                                              submodule_search_locations=[{ROOT!r}])
-pack = importlib.util.module_from_spec(spec); sys.modules["pack"] = pack; spec.loader.exec_module(pack)
+import importlib, sys
+sys.path.insert(0, {ROOT!r})
+from devtools.paths import import_pack
+import_pack("pack")
 for m in {modules!r}:
     importlib.import_module("pack.nodes.core." + m)
 print(sorted(set(sys.modules) & {COMFY_MODULES!r}))

@@ -142,6 +142,11 @@ class Wan22Experts:
                 f"(width {c.dim}, {c.num_layers} layers, {c.in_channels} in-channels, {str(self.dtype)[6:]})")
 
 
+def default_boundary(config: WanExpertConfig, declared: float | None = None) -> float:
+    """The model's own boundary: what a diffusers folder declares, else the official one for the task."""
+    return declared if declared is not None else DEFAULT_BOUNDARY[config.task]
+
+
 def require_some_expert(high_name: str, low_name: str) -> None:
     if high_name == "none" and low_name == "none":
         raise Wan22InputError("high_noise_model", "low_noise_model and high_noise_model are both 'none': "
@@ -237,7 +242,7 @@ def load_single_file_experts(high_path: str | None, low_path: str | None, weight
         if path and on_loaded:
             on_loaded()
     return Wan22Experts(high_noise=models["high_noise"], low_noise=models["low_noise"], config=config, dtype=dtype,
-                        sources=names, default_boundary=DEFAULT_BOUNDARY[config.task])
+                        sources=names, default_boundary=default_boundary(config))
 
 
 # --- diffusers folders: model_index.json, transformer/ (high noise), transformer_2/ (low noise) ---
@@ -314,5 +319,4 @@ def load_diffusers_experts(folder: str, experts: str = "both", weight_dtype: str
     sources = tuple(f"{name}/{DIFFUSERS_SUBFOLDERS[r]}" if r in models else "none" for r in ("high_noise", "low_noise"))
     return Wan22Experts(high_noise=models.get("high_noise"), low_noise=models.get("low_noise"), config=config,
                         dtype=dtype, sources=sources,
-                        default_boundary=declared_boundary if declared_boundary is not None
-                        else DEFAULT_BOUNDARY[config.task])
+                        default_boundary=default_boundary(config, declared_boundary))

@@ -92,10 +92,8 @@ def test_disabling_unhooks_everything_and_matches_a_process_that_never_cached(pa
     script = f"""
 import sys, torch
 sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests', 'core')!r})
-import importlib.util
-spec = importlib.util.spec_from_file_location("wan22_cachedit", {os.path.join(ROOT, '__init__.py')!r},
-                                              submodule_search_locations=[{ROOT!r}])
-m = importlib.util.module_from_spec(spec); sys.modules["wan22_cachedit"] = m; spec.loader.exec_module(m)
+from devtools.paths import import_pack
+import_pack()
 import test_cache as T
 out, _ = T.run(T.handle(*T.fresh_pair()), seed=4)
 torch.save(out, {str(tmp_path / 'never_cached.pt')!r})
