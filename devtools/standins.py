@@ -49,6 +49,12 @@ def write_standins(models_dir: str, input_dir: str | None = None) -> None:
             if key not in experts:
                 experts[key] = tiny_wan.make_expert(task, tiny_wan.EXPERT_SEEDS[key])
             tiny_wan.write_single_file(experts[key], path, fmt)
+    lora_model = None
+    for role, name in tiny_wan.LORA_NAMES.items():  # the LightX2V 4-step LoRAs of ComfyUI's own template
+        path = os.path.join(models_dir, "loras", name)
+        if not os.path.isfile(path):
+            lora_model = lora_model or tiny_wan.make_expert("t2v", 0)
+            tiny_wan.write_tiny_lora(lora_model, path, "comfy", seed={"high": 71, "low": 72}[role])
     umt5 = os.path.join(models_dir, "text_encoders", UMT5)
     if not os.path.isfile(umt5):
         os.makedirs(os.path.dirname(umt5), exist_ok=True)

@@ -139,6 +139,60 @@ def write_diffusers_folder(path: str, high: WanTransformer3DModel | None, low: W
     return path
 
 
+# --- tiny LoRAs in the formats people have: ComfyUI/kohya, LightX2V, diffusers/PEFT ---
+
+LORA_FORMATS = ("comfy", "lightx2v", "diffusers")
+LORA_LAYERS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
+               "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
+LORA_NAMES = {"high": "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+              "low": "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"}
+
+
+def lora_tensors(model: WanTransformer3DModel, fmt: str = "comfy", rank: int = 4, alpha: float = 2.0,
+                 seed: int = 11, amplitude: float = 0.05) -> dict[str, torch.Tensor]:
+    """A random LoRA over every block linear layer of `model` (original Wan names), as a file holds it.
+
+    comfy: `diffusion_model.<layer>.lora_down/lora_up.weight` + `.alpha` (ComfyUI/kohya), fp16.
+    lightx2v: the same in bf16, plus the bias differences (`diff_b`), zeroed norm differences and a full
+    head difference (`head.head.diff`/`diff_b`) that LightX2V's distillation LoRAs carry.
+    diffusers: PEFT names under `transformer.` (`lora_A`/`lora_B`, alpha folded into the weights)."""
+    if fmt not in LORA_FORMATS:
+        raise ValueError(f"unknown LoRA format {fmt!r}")
+    g = torch.Generator().manual_seed(seed)
+    shapes = {k: tuple(v.shape) for k, v in to_original_layout(model.state_dict()).items()}
+    blocks = sorted({int(k.split(".")[1]) for k in shapes if k.startswith("blocks.")})
+    tensors = {}
+    for i in blocks:
+        for layer in LORA_LAYERS:
+            name = f"blocks.{i}.{layer}"
+            out_f, in_f = shapes[name + ".weight"]
+            down = torch.randn(rank, in_f, generator=g) * amplitude
+            up = torch.randn(out_f, rank, generator=g) * amplitude
+            tensors[f"diffusion_model.{name}.lora_down.weight"] = down
+            tensors[f"diffusion_model.{name}.lora_up.weight"] = up
+            tensors[f"diffusion_model.{name}.alpha"] = torch.tensor(float(alpha))
+            if fmt == "lightx2v":
+                tensors[f"diffusion_model.{name}.diff_b"] = torch.randn(out_f, generator=g) * amplitude
+        if fmt == "lightx2v":
+            tensors[f"diffusion_model.blocks.{i}.norm3.diff"] = torch.zeros(shapes[f"blocks.{i}.norm3.weight"])
+            tensors[f"diffusion_model.blocks.{i}.norm3.diff_b"] = torch.zeros(shapes[f"blocks.{i}.norm3.bias"])
+    if fmt == "lightx2v":
+        tensors["diffusion_model.head.head.diff"] = torch.randn(shapes["head.head.weight"], generator=g) * amplitude
+        tensors["diffusion_model.head.head.diff_b"] = torch.randn(shapes["head.head.bias"], generator=g) * amplitude
+        return {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}
+    if fmt == "comfy":
+        return {k: v.to(torch.float16).contiguous() for k, v in tensors.items()}
+    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
+
+    return {k: v.contiguous() for k, v in _convert_non_diffusers_wan_lora_to_diffusers(tensors).items()}
+
+
+def write_tiny_lora(model: WanTransformer3DModel, path: str, fmt: str = "comfy", **kwargs) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(lora_tensors(model, fmt, **kwargs), path, metadata={"format": "pt"})
+    return path
+
+
 # File names as ComfyUI's repackaged Wan2.2 files are named.
 REPACKAGED_NAMES = {
     ("t2v", "high"): "wan2.2_t2v_high_noise_14B_{fmt}.safetensors",

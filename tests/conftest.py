@@ -53,12 +53,32 @@ def _write_broken_files(models_dir: str, tiny: dict) -> dict:
     return names
 
 
+def _write_loras(models_dir: str) -> dict:
+    """models/loras: the template's LightX2V names (ComfyUI format), a LightX2V-format one, a LoRA for a
+    wider model, a truncated file."""
+    folder = os.path.join(models_dir, "loras")
+    model = tiny_wan.make_expert("t2v", 0)
+    names = dict(tiny_wan.LORA_NAMES)
+    for role, seed in (("high", 61), ("low", 62)):
+        tiny_wan.write_tiny_lora(model, os.path.join(folder, names[role]), "comfy", seed=seed)
+    names["lightx2v"] = "wan22_lightx2v_format_lora.safetensors"
+    tiny_wan.write_tiny_lora(model, os.path.join(folder, names["lightx2v"]), "lightx2v", seed=63)
+    names["wide"] = "wan2.2_5B_style_lora.safetensors"
+    tiny_wan.write_tiny_lora(tiny_wan.make_expert("t2v", 0, dim=256), os.path.join(folder, names["wide"]))
+    data = open(os.path.join(folder, names["high"]), "rb").read()
+    names["truncated"] = "wan22_truncated_lora.safetensors"
+    with open(os.path.join(folder, names["truncated"]), "wb") as f:
+        f.write(data[: len(data) // 2])
+    return names
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """A ComfyUI models folder with tiny experts in every format, T2V and I2V, plus broken files."""
     models_dir = str(tmp_path_factory.mktemp("models"))
     tiny = tiny_wan.write_tiny_models(models_dir, formats=ALL_FORMATS, tasks=("t2v", "i2v"))
     tiny["broken"] = _write_broken_files(models_dir, tiny)
+    tiny["loras"] = _write_loras(models_dir)
     tiny["dir"] = models_dir
     return tiny
 
@@ -71,7 +91,7 @@ def comfyui(tmp_path_factory, tiny_models):
     base = str(tmp_path_factory.mktemp("comfy_base"))
     harness = InProcessComfy(base)
     tiny_wan.write_tiny_wan_vae(os.path.join(tiny_models["dir"], "vae", TINY_VAE))
-    for kind in ("diffusion_models", "diffusers"):
+    for kind in ("diffusion_models", "diffusers", "loras"):
         harness.folder_paths.add_model_folder_path(kind, os.path.join(tiny_models["dir"], kind), is_default=True)
     harness.folder_paths.add_model_folder_path("vae", os.path.join(tiny_models["dir"], "vae"), is_default=True)
     return harness

@@ -204,12 +204,32 @@ class BlockCounter:
                 handle.remove()
 
 
-def statistics(experts, configs: dict[str, str], forwards: dict[str, int], block_calls: dict[str, int]) -> dict:
+def skippable_steps(plan: CachePlan, role: str, steps: int) -> int:
+    """The most steps the cache can serve on one expert in a run of `steps` steps: its warm-up steps
+    are always computed, and `max_cached_steps` caps the rest. At 4-step LoRA runs this is usually 0."""
+    s = plan.settings(role)
+    could = max(0, steps - s.warmup_steps)
+    return could if s.max_cached_steps < 0 else min(could, s.max_cached_steps)
+
+
+def skip_note(plan: CachePlan, role: str, steps: int) -> str:
+    """A plain sentence on what the cache can do for one expert in this run."""
+    could, warm = skippable_steps(plan, role, steps), plan.settings(role).warmup_steps
+    if could == 0:
+        return (f"the cache can skip none of the {role}-noise expert's {steps} steps: its first {warm} are warm-up, "
+                f"computed in full (lower {role}_warmup_steps, or leave Cache-DiT off at so few steps)")
+    return f"the cache can skip at most {could} of the {role}-noise expert's {steps} steps"
+
+
+def statistics(experts, configs: dict[str, str], forwards: dict[str, int], block_calls: dict[str, int],
+               split: tuple[int, int]) -> dict:
     """Per loaded expert: block forwards against a run without cache and, where it was cached in this
-    run, cache-dit's own summary (cached steps per pass, residual differences against the threshold)."""
+    run, cache-dit's own summary (cached steps per pass, residual differences against the threshold)
+    and how many steps the plan could skip at most."""
     import cache_dit
 
     plan = experts.cache_plan
+    steps = dict(zip(ROLES, split))
     stats = {}
     for role, module in loaded_targets(experts).items():
         layers = len(module.blocks)
@@ -226,6 +246,8 @@ def statistics(experts, configs: dict[str, str], forwards: dict[str, int], block
                                    for k, v in (summary.residual_diffs if summary else {}).items()},
                 "threshold": plan.residual_diff_threshold,
                 "blocks_skipped_per_cached_forward": layers - plan.first_compute_blocks - plan.last_compute_blocks,
+                "skippable_steps": skippable_steps(plan, role, steps[role]),
+                "note": skip_note(plan, role, steps[role]),
             })
         stats[role] = entry
     return stats

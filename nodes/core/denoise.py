@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from . import cache
+from . import cache, lora
 from .errors import Wan22InputError
 from .experts import Wan22Experts
 from .schedule import Wan22Schedule, count_split
@@ -115,8 +115,10 @@ def denoise(experts: Wan22Experts, schedule: Wan22Schedule, inputs: DenoiseInput
     record = RunRecord(split=split)
     modules = {"high": experts.high_noise, "low": experts.low_noise}
     scales = {"high": float(cfg_high), "low": float(cfg_low)}
-    # The cache lifecycle belongs to the run: match the installed hooks to this handle's plan, then size
-    # each expert's context with its share of the split counted from the scheduler stepped below.
+    # What is installed on the shared experts belongs to the run: the handle's LoRA adapters, its cache
+    # hooks; then each expert's context is sized with its share of the split counted from the scheduler
+    # stepped below.
+    lora.reconcile(experts)
     cache.reconcile(experts)
     cache_configs = cache.refresh(experts, split, scales)
 
@@ -157,5 +159,5 @@ def denoise(experts: Wan22Experts, schedule: Wan22Schedule, inputs: DenoiseInput
                     after_step(i + 1, total)
     finally:
         placement.release()
-    record.cache = cache.statistics(experts, cache_configs, record.forwards(), counter.counts)
+    record.cache = cache.statistics(experts, cache_configs, record.forwards(), counter.counts, split)
     return latents, record

@@ -119,6 +119,7 @@ class Wan22Experts:
     sources: tuple[str, str]  # (high, low) names as chosen on the loader, "none" when missing
     default_boundary: float
     cache_plan: Any = None
+    loras: tuple = ()  # LoraUse entries, applied in order on top of each other
 
     @property
     def has_high(self) -> bool:
@@ -139,7 +140,8 @@ class Wan22Experts:
         loaded = [name for name, present in (("high", self.has_high), ("low", self.has_low)) if present]
         c = self.config
         return (f"Wan2.2 {self.task.upper()} experts: {' + '.join(loaded)} "
-                f"(width {c.dim}, {c.num_layers} layers, {c.in_channels} in-channels, {str(self.dtype)[6:]})")
+                f"(width {c.dim}, {c.num_layers} layers, {c.in_channels} in-channels, {str(self.dtype)[6:]})"
+                + "".join(f"; {u.role} LoRA {u.lora.name} x{u.strength:g}" for u in self.loras))
 
 
 def default_boundary(config: WanExpertConfig, declared: float | None = None) -> float:

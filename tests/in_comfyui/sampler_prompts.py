@@ -8,8 +8,9 @@ TINY_VAE = "wan_2.1_vae.safetensors"
 def t2v_prompt(high, low, folder, *, sampler="unipc", steps=8, flow_shift=12.0, seed=0, cfg_high=4.0, cfg_low=3.0,
                width=64, height=64, length=5, batch=1, boundary="auto", boundary_ratio=0.875, decode=True,
                save_latent_prefix=None, prompt_text="a cat walks in the rain", negative_text="blurry",
-               cache=None):
-    """`cache`: None for no Cache-DiT node, or a dict of Wan22CacheDiT inputs (over the defaults)."""
+               cache=None, lora=None):
+    """`cache`: None for no Cache-DiT node, or a dict of Wan22CacheDiT inputs (over the defaults).
+    `lora`: None for no LoRA node, or a dict of Wan22LoraLoader inputs (between loader and cache node)."""
     p = {
         "1": loader(high, low),
         "2": schedule("1", sampler=sampler, steps=steps, flow_shift=flow_shift, boundary=boundary,
@@ -23,8 +24,11 @@ def t2v_prompt(high, low, folder, *, sampler="unipc", steps=8, flow_shift=12.0, 
                          "latent_image": ["4", 0], "seed": seed, "cfg_high": cfg_high, "cfg_low": cfg_low}},
         "6": {"class_type": "PreviewAny", "inputs": {"source": ["5", 1]}},
     }
+    if lora is not None:
+        p["40"] = lora_node("1", **lora)
+        p["5"]["inputs"]["experts"] = ["40", 0]
     if cache is not None:
-        p["20"] = cache_node("1", **cache)
+        p["20"] = cache_node("40" if lora is not None else "1", **cache)
         p["5"]["inputs"]["experts"] = ["20", 0]
     if decode:
         p["7"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
@@ -45,3 +49,9 @@ CACHE_DEFAULTS = {"enabled": True, "residual_diff_threshold": 0.24, "first_compu
 
 def cache_node(experts_from="1", **overrides):
     return {"class_type": "Wan22CacheDiT", "inputs": {"experts": [experts_from, 0], **CACHE_DEFAULTS, **overrides}}
+
+
+def lora_node(experts_from="1", high="none", low="none", high_strength=1.0, low_strength=1.0):
+    return {"class_type": "Wan22LoraLoader",
+            "inputs": {"experts": [experts_from, 0], "high_noise_lora": high, "high_noise_strength": high_strength,
+                       "low_noise_lora": low, "low_noise_strength": low_strength}}
