@@ -3,7 +3,7 @@ LiteGraph's own node factory, saved as the frontend serialises it (UI format, fo
 template list), converted by the frontend's own graphToPrompt (API format, under example_workflows/api),
 and photographed for the template thumbnail.
 
-    .venv/bin/python -m devtools.build_workflows
+    .venv/bin/python -m devtools.build_workflows [name ...]   (all of them when no name is given)
 """
 
 from __future__ import annotations
@@ -94,16 +94,22 @@ def build(page, name: str, spec: dict) -> None:
     print(f"[workflows] {name}: {len(workflow['nodes'])} nodes, {len(workflow['links'])} links")
 
 
-def main() -> int:
+def main(names: list[str]) -> int:
+    unknown = set(names) - set(WORKFLOWS)
+    if unknown:
+        raise SystemExit(f"unknown workflow(s) {', '.join(sorted(unknown))}; known: {', '.join(WORKFLOWS)}")
     with tempfile.TemporaryDirectory(prefix="wan22-build-") as base:
         write_standins(os.path.join(base, "models"), os.path.join(base, "input"))
         with ComfyServer(base) as server, browser() as instance:
             page = open_comfyui(instance, server.url, width=1800, height=1000)
             page.wait_for_timeout(3000)  # the frontend loads its default workflow just after start-up
             for name, make in WORKFLOWS.items():
-                build(page, name, make())
+                if not names or name in names:
+                    build(page, name, make())
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -4,6 +4,7 @@ frontend (and into API-format copies with the frontend's own graphToPrompt)."""
 from __future__ import annotations
 
 from .standins import START_IMAGE, TEXT_FOLDER, UMT5, VAE
+from .tiny_wan import LORA_NAMES
 
 REPACKAGED = "https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files"
 UMT5_URL = ("https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/"
@@ -44,10 +45,11 @@ def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: 
     ]
 
 
-def sampler_and_outputs(latent_from, positive_from, negative_from, cfg, video: bool, prefix: str) -> list[dict]:
+def sampler_and_outputs(latent_from, positive_from, negative_from, cfg, video: bool, prefix: str,
+                        experts_from=(6, 0)) -> list[dict]:
     nodes = [
         node(8, "Wan22TwoStageSampler", [880, 380], {"seed": 42, "cfg_high": cfg[0], "cfg_low": cfg[1]},
-             {"experts": (6, 0), "schedule": (5, 0), "positive": positive_from, "negative": negative_from,
+             {"experts": experts_from, "schedule": (5, 0), "positive": positive_from, "negative": negative_from,
               "latent_image": latent_from}),
         node(9, "VAELoader", [880, 780], {"vae_name": VAE}),
         node(10, "VAEDecode", [1320, 40], links={"samples": (8, 0), "vae": (9, 0)}),
@@ -102,6 +104,31 @@ def i2v() -> dict:
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
 
 
+def t2v_lightx2v_4steps() -> dict:
+    """ComfyUI's own Wan2.2 14B T2V template with its 4-step LightX2V LoRAs (same files, 4 euler steps,
+    CFG 1, shift 5), the switch derived from the boundary (2 / 2) instead of typed. No Cache-DiT node:
+    with its default warm-ups it can skip none of 2 + 2 steps."""
+    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    nodes = native_text("Beautiful young European woman with honey blonde hair gracefully turning her head back "
+                        "over shoulder, gentle smile, bright eyes looking at camera. Hair flowing in slow motion "
+                        "as she turns. Soft natural lighting, clean background, cinematic slow-motion portrait.")
+    nodes += [
+        node(4, "Wan22ExpertLoader", [20, 560], {"high_noise_model": high, "low_noise_model": low,
+                                                 "weight_dtype": "default"}),
+        node(17, "Wan22LoraLoader", [440, 560], {"high_noise_lora": LORA_NAMES["high"], "high_noise_strength": 1.0,
+                                                 "low_noise_lora": LORA_NAMES["low"], "low_noise_strength": 1.0},
+             {"experts": (4, 0)}, "LightX2V 4-step LoRAs"),
+        node(5, "Wan22Schedule", [440, 860], {"sampler": "euler", "steps": 4, "flow_shift": 5.0,
+                                              "boundary": "auto", "boundary_ratio": 0.875}, {"experts": (17, 0)}),
+        node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 640, "height": 640, "length": 81, "batch_size": 1}),
+    ]
+    nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (1.0, 1.0), True, "video/wan22_t2v_lightx2v",
+                                 experts_from=(17, 0))
+    return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
+                                       model(LORA_NAMES["high"], "loras"), model(LORA_NAMES["low"], "loras"),
+                                       model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
 def tiny_demo() -> dict:
     """What `make demo` runs: every file is a tiny random stand-in the demo writes itself."""
     nodes = [
@@ -135,5 +162,6 @@ WORKFLOWS = {
     "wan22_t2v_a14b_cachedit": t2v,
     "wan22_low_noise_t2i": low_noise_t2i,
     "wan22_i2v_a14b_cachedit": i2v,
+    "wan22_t2v_a14b_lightx2v_4steps": t2v_lightx2v_4steps,
     "wan22_tiny_demo": tiny_demo,
 }

@@ -69,7 +69,7 @@ class Wan22TwoStageSampler(io.ComfyNode):
             description="Denoises a Wan2.2 A14B run in one pass over the schedule: the high-noise expert for "
                         "the steps at or above the boundary, the low-noise expert after, each with its own CFG.",
             inputs=[
-                ExpertsType.Input("experts", tooltip="The experts (optionally with a Cache-DiT plan)."),
+                ExpertsType.Input("experts", tooltip="The experts (optionally with LoRAs and a Cache-DiT plan, applied for this run)."),
                 ScheduleType.Input("schedule", tooltip="From Wan2.2 Boundary & Flow Shift, built on the same "
                                                        "experts."),
                 io.Conditioning.Input("positive", tooltip="Text conditioning from the umt5 text encoder; through "
@@ -90,8 +90,8 @@ class Wan22TwoStageSampler(io.ComfyNode):
             ],
             outputs=[
                 io.Latent.Output(display_name="latent", tooltip="The denoised latent, in VAE space for VAE Decode."),
-                io.String.Output(display_name="report", tooltip="JSON: schedule, split, time and forward passes "
-                                                                "per expert."),
+                io.String.Output(display_name="report", tooltip="JSON: schedule, split, LoRAs, time, forward "
+                                                                "passes and cache statistics per expert."),
                 io.Image.Output(display_name="timeline", tooltip="Sigma per step, the boundary, and which expert "
                                                                  "ran each step."),
             ],

@@ -47,7 +47,7 @@ def test_a_native_text_encoder_workflow_validates_and_stops_only_at_the_umt5_sta
     assert errors[0]["node_type"] == "CLIPLoader"
 
 
-def with_tiny_text_and_size(prompt):
+def with_tiny_text_and_size(prompt, steps=8):
     """The same workflow with the two native text nodes replaced by the diffusers-folder text encoder,
     and the video made tiny (a 832x480x81 run of even tiny experts takes half an hour on two cores)."""
     prompt = copy.deepcopy(prompt)
@@ -66,7 +66,7 @@ def with_tiny_text_and_size(prompt):
         if node["class_type"] in ("EmptyHunyuanLatentVideo", "WanImageToVideo"):
             node["inputs"].update(width=64, height=64, length=min(node["inputs"]["length"], 5))
         if node["class_type"] == "Wan22Schedule":
-            node["inputs"]["steps"] = 8
+            node["inputs"]["steps"] = steps
     return prompt
 
 
@@ -79,3 +79,25 @@ def test_every_other_node_of_a_native_text_workflow_runs_to_success(server, name
     report = json.loads(next(v for v in entry["outputs"].values() if "text" in v and v["text"][0].startswith("{"))
                         ["text"][0])
     assert report["steps"] == 8 and sum(report["split"].values()) == 8
+
+
+def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_template_files(server):
+    """ComfyUI's own Wan2.2 14B T2V template, 4-step LightX2V LoRAs: through our nodes the switch comes from
+    the boundary (0.875 -> 2 / 2), on stand-ins named as the template's files."""
+    api = api_workflow("wan22_t2v_a14b_lightx2v_4steps")
+    lora = next(v for v in api.values() if v["class_type"] == "Wan22LoraLoader")["inputs"]
+    assert (lora["high_noise_lora"], lora["low_noise_lora"]) == (
+        "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+        "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors")
+    sched = next(v for v in api.values() if v["class_type"] == "Wan22Schedule")["inputs"]
+    sampler = next(v for v in api.values() if v["class_type"] == "Wan22TwoStageSampler")["inputs"]
+    assert (sched["sampler"], sched["steps"], sched["flow_shift"], sched["boundary"]) == ("euler", 4, 5.0, "auto")
+    assert (sampler["cfg_high"], sampler["cfg_low"]) == (1.0, 1.0)
+    entry = run(server, with_tiny_text_and_size(api, steps=4))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    report = json.loads(next(v for v in entry["outputs"].values() if "text" in v and v["text"][0].startswith("{"))
+                        ["text"][0])
+    assert report["split"] == {"high": 2, "low": 2} and report["boundary_ratio"] == 0.875
+    assert report["forward_passes"] == {"high": 2, "low": 2}
+    assert [u["file"] for u in report["loras"]["high"]] == [lora["high_noise_lora"]]
+    assert [u["file"] for u in report["loras"]["low"]] == [lora["low_noise_lora"]]

@@ -8,7 +8,7 @@ import pytest
 from .prompts import diffusers_loader, loader, schedule, schedule_prompt, split_of
 
 NODE_IDS = ("Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22Schedule", "Wan22CacheDiT",
-            "Wan22TwoStageSampler", "Wan22TextEncode")
+            "Wan22TwoStageSampler", "Wan22TextEncode", "Wan22LoraLoader")
 
 
 def names(tiny, task="t2v", fmt="fp16"):
