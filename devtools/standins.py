@@ -1,8 +1,9 @@
 """Tiny stand-ins for every file the shipped workflows name, under the names ComfyUI's repackaged
 Wan2.2 files have. Experts, VAE and the diffusers text encoder are real formats at a tiny size; the
-umt5-xxl text encoder cannot be tiny (ComfyUI builds it from a fixed 5.7B-parameter config), so its
-stand-in is a deliberately unreadable file: it satisfies the prompt validation of the native CLIP
-Loader and fails at once if a run reaches it, instead of allocating 23 GB."""
+umt5-xxl text encoder cannot be tiny (ComfyUI builds it from a fixed 5.7B-parameter config), so by
+default its stand-in is a deliberately unreadable file: it satisfies the prompt validation of the
+native CLIP Loader and fails at once if a run reaches it. Runs that need the text encoder ask for the
+full-size stand-in of umt5_standin.py instead."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ def write_tiny_vae(path: str) -> None:
     tiny_wan.write_tiny_wan_vae(path)
 
 
-def write_standins(models_dir: str, input_dir: str | None = None) -> None:
-    """Writes what is missing (a second call with everything present writes nothing)."""
+def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: bool = False) -> None:
+    """Writes what is missing (a second call with everything present writes nothing). `working_umt5`:
+    a full-size umt5-xxl stand-in that ComfyUI's text encoder really runs (6.7 GB, see umt5_standin.py)
+    instead of the unreadable placeholder."""
     experts = {}
     for name, (task, role, fmt) in EXPERT_FILES.items():
         path = os.path.join(models_dir, "diffusion_models", name)
@@ -56,7 +59,12 @@ def write_standins(models_dir: str, input_dir: str | None = None) -> None:
             lora_model = lora_model or tiny_wan.make_expert("t2v", 0)
             tiny_wan.write_tiny_lora(lora_model, path, "comfy", seed={"high": 71, "low": 72}[role])
     umt5 = os.path.join(models_dir, "text_encoders", UMT5)
-    if not os.path.isfile(umt5):
+    missing_or_placeholder = not os.path.isfile(umt5) or os.path.getsize(umt5) < 2**30
+    if working_umt5 and missing_or_placeholder:
+        from .umt5_standin import write_umt5_standin
+
+        write_umt5_standin(umt5)
+    elif not os.path.isfile(umt5):
         os.makedirs(os.path.dirname(umt5), exist_ok=True)
         with open(umt5, "wb") as f:
             f.write(b"stand-in: ComfyUI's umt5-xxl has a fixed 5.7B-parameter config and cannot be tiny\n")

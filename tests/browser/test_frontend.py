@@ -104,6 +104,13 @@ def test_changing_flow_shift_updates_the_split_without_queueing(page, server):
     assert server.get("/history") == history_before
 
 
+def test_the_lightx2v_workflow_shows_its_two_and_two_split_through_the_lora_node(page):
+    """The schedule's experts come through the LoRA node; the live split still finds the loader."""
+    load(page, shipped("wan22_t2v_a14b_lightx2v_4steps"))
+    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Split")
+    assert node_of(page, "Wan22Schedule", "node.wan22Preview").startswith("will run: 2 high / 2 low")
+
+
 def test_boundary_ratio_is_shown_only_when_the_boundary_is_custom(page):
     load(page, shipped("wan22_t2v_a14b_cachedit"))
     hidden = "node.widgets.find(w => w.name === 'boundary_ratio').hidden"

@@ -254,6 +254,7 @@ def test_a_lora_for_another_model_is_refused_by_name(pair, lora_files, bad, need
     assert os.path.basename(lora_files[bad]) in str(e.value) and needle in str(e.value)
 
 
+@pytest.mark.filterwarnings("ignore:Adapter wan22_lora_1 was active")
 def test_a_failed_load_leaves_no_half_installed_adapters(pair, lora_files):
     high, low = pair
     good = use(lora_files, "comfy", "high")

@@ -8,7 +8,8 @@ const SOCKET_COLOURS = { WAN22_EXPERTS: "#b06ad9", WAN22_SCHEDULE: "#3fb6a8" };
 const LOADERS = new Set(["Wan22ExpertLoader", "Wan22DiffusersExpertLoader"]);
 const PASS_THROUGH = new Set(["Wan22CacheDiT", "Wan22LoraLoader"]); // experts in -> experts out
 const NODES_WITH_RESULTS = new Set([
-  "Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22Schedule", "Wan22CacheDiT", "Wan22TwoStageSampler",
+  "Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22LoraLoader", "Wan22Schedule", "Wan22CacheDiT",
+  "Wan22TwoStageSampler",
 ]);
 const LINE_HEIGHT = 16;
 const PREVIEW_DELAY_MS = 150;
