@@ -265,3 +265,34 @@ def test_a_failed_load_leaves_no_half_installed_adapters(pair, lora_files):
     plain, _ = D.denoise(handle(high, low), template_schedule(handle(high, low)), run_inputs(), 1.0, 1.0)
     fresh, _ = D.denoise(handle(*fresh_pair()), template_schedule(handle(high, low)), run_inputs(), 1.0, 1.0)
     assert torch.equal(plain, fresh)
+
+
+def test_a_lora_on_fp8_experts_equals_it_on_the_dequantised_experts(tmp_path, lora_files):
+    """fp8 experts keep fp8 weights (dequantised per layer): PEFT wraps those layers, its adapters compute
+    in bf16, and the result is bit-identical to the same LoRA on the experts dequantised at load time."""
+    from wan22_cachedit.nodes.core import experts as E
+    from wan22_cachedit.nodes.core.fp8 import Fp8ScaledLinear
+
+    path = tiny_wan.write_single_file(tiny_wan.make_expert("t2v", 5), str(tmp_path / "fp8.safetensors"), "fp8_scaled")
+    fp8 = E.load_single_file_experts(path, None)
+    plain = E.load_single_file_experts(path, None)
+    for name, layer in list(plain.high_noise.named_modules()):
+        if isinstance(layer, Fp8ScaledLinear):
+            parent, _, child = name.rpartition(".")
+            dense = torch.nn.Linear(layer.in_features, layer.out_features, dtype=torch.bfloat16)
+            dense.weight.data, dense.bias = layer.dequantized_weight(), layer.bias
+            setattr(plain.high_noise.get_submodule(parent), child, dense)
+    assert fp8.dtype == torch.bfloat16
+    outs = []
+    for experts in (fp8, plain):
+        lora = L.read_lora(lora_files[("lightx2v", "high")], "high_noise_lora", experts.dtype)
+        L.reconcile(experts.replace(loras=(L.LoraUse("high", lora, 1.0),)))
+        assert {p.dtype for n, p in experts.high_noise.named_parameters() if "lora_" in n} == {torch.bfloat16}
+        g = torch.Generator().manual_seed(0)
+        x, e = torch.randn(SHAPE, generator=g), torch.randn(1, 24, 4096, generator=g)
+        with torch.no_grad():
+            outs.append(experts.high_noise(hidden_states=x.to(torch.bfloat16), timestep=torch.tensor([700.0]),
+                                           encoder_hidden_states=e.to(torch.bfloat16), return_dict=False)[0])
+    wrapped = fp8.high_noise.blocks[0].attn1.to_q
+    assert isinstance(wrapped.base_layer, Fp8ScaledLinear) and wrapped.base_layer.weight.dtype == torch.float8_e4m3fn
+    assert torch.equal(outs[0], outs[1])

@@ -100,3 +100,16 @@ def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_t
     assert report["forward_passes"] == {"high": 2, "low": 2}
     assert [u["file"] for u in report["loras"]["high"]] == [lora["high_noise_lora"]]
     assert [u["file"] for u in report["loras"]["low"]] == [lora["low_noise_lora"]]
+
+
+AS_SHIPPED = {"wan22_t2v_a14b_lightx2v_4steps": {"high": 2, "low": 2}, "wan22_low_noise_t2i": {"high": 0, "low": 30}}
+
+
+@pytest.mark.parametrize("name", list(AS_SHIPPED))
+def test_the_workflows_cheap_enough_here_finish_as_shipped(native_server, name):
+    """Unchanged API files: the 4-step LightX2V video (640x640, 81 frames) and the one-frame low-noise
+    image. The two 40-step 832x480x81 videos take about half an hour each on two cores, so they run
+    above at a tiny size."""
+    entry = run(native_server, api_workflow(name))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    assert report_of(entry)["split"] == AS_SHIPPED[name]

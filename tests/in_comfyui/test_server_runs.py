@@ -55,7 +55,8 @@ def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, 
     assert "execution_interrupted" in kinds and "execution_success" not in kinds
     progress = [m["data"]["value"] for m in messages if m["type"] == "progress" and m["data"]["node"] == "5"]
     assert progress and max(progress) < 300  # stopped in the middle
-    history = server.get(f"/history/{prompt_id}")[prompt_id]
+    # The websocket message can arrive before the history entry is written: wait for the entry.
+    history = server.wait(prompt_id, timeout=60)
     assert history["status"]["status_str"] == "error"
 
     after = run_and_load(server, prompt_for(tiny_models, 8, "after_interrupt"))
