@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,90 @@ def compare_speed(device, repeats: int) -> dict:
     }
 
 
+# LightX2V's 4-step LoRAs have rank 64 on 5120-wide experts: the same rank / width here.
+LORA_RANK = max(1, round(64 * SPEED_EXPERT["dim"] / 5120))
+
+
+def compare_lora(device, repeats: int) -> dict:
+    """LoRAs on both experts, applied per run as unmerged adapters: the cost of a run with them against
+    one without (separate copies of the experts, so neither call has to switch), against diffusers'
+    own `load_lora_weights` on WanPipeline, and the cost of switching one set of experts between a
+    handle with the LoRAs and one without (what two branches of one graph pay per run)."""
+    pack()
+    from devtools import tiny_wan
+    from wan22_cachedit.nodes.core import lora, schedule as sched
+
+    timer = Timer(device)
+    inputs = run_inputs(device)
+    plain, with_lora, switching, reference = (build(device) for _ in range(4))
+    schedule = sched.build_schedule(sampler=RUN["sampler"], steps=RUN["steps"], flow_shift=RUN["flow_shift"],
+                                    has_high=True, has_low=True, model_default=RUN["boundary"])
+    with tempfile.TemporaryDirectory(prefix="wan22-bench-lora-") as folder:
+        files = {role: tiny_wan.write_tiny_lora(plain.high_noise, os.path.join(folder, f"{role}.safetensors"),
+                                                rank=LORA_RANK, seed=seed)
+                 for role, seed in (("high", 81), ("low", 82))}
+        uses = tuple(lora.LoraUse(role, lora.read_lora(path, lora.LORA_INPUTS[role], torch.float32), 1.0)
+                     for role, path in files.items())
+        with_lora = with_lora.replace(loras=uses)
+        pipe_call = diffusers_pipeline(reference.high_noise, reference.low_noise, inputs, device)
+        from diffusers.loaders.lora_pipeline import WanLoraLoaderMixin
+
+        WanLoraLoaderMixin.load_lora_into_transformer(WanLoraLoaderMixin.lora_state_dict(files["high"]),
+                                                      reference.high_noise, adapter_name="h")
+        WanLoraLoaderMixin.load_lora_into_transformer(WanLoraLoaderMixin.lora_state_dict(files["low"]),
+                                                      reference.low_noise, adapter_name="l")
+    runs = interleaved(timer, {"plain": ours(plain, schedule, inputs, device),
+                               "lora": ours(with_lora, schedule, inputs, device),
+                               "diffusers_lora": pipe_call}, repeats)
+    (_, _), plain_s, _ = runs["plain"]
+    (lora_latent, _), lora_s, _ = runs["lora"]
+    diffusers_latent, diffusers_s, _ = runs["diffusers_lora"]
+
+    on, off = switching.replace(loras=uses), switching
+    switches = [timer(lambda: lora.reconcile(on))[1] + timer(lambda: lora.reconcile(off))[1] for _ in range(repeats)]
+    wide = lora_forward_cost_at_width(device, repeats)
+    return {"lora_rank": LORA_RANK, "lora_overhead_ratio": lora_s / plain_s, "lora_s": lora_s, "plain_s": plain_s,
+            "lora_vs_diffusers_ratio": lora_s / diffusers_s, "diffusers_lora_s": diffusers_s,
+            "lora_max_abs": (lora_latent - diffusers_latent).abs().max().item(),
+            "lora_switch_s": statistics.median(switches), **wide}
+
+
+LORA_WIDE = {"dim": 2048, "ffn_dim": 8192, "num_layers": 4}
+
+
+def lora_forward_cost_at_width(device, repeats: int) -> dict:
+    """At the speed experts' width of 128 the adapters' per-layer calls weigh far more than at 5120; one
+    forward at width 2048 (rank again scaled as LightX2V's) shows where the cost goes as width grows."""
+    from devtools import tiny_wan
+    from wan22_cachedit.nodes.core import lora
+    from wan22_cachedit.nodes.core.experts import Wan22Experts, WanExpertConfig
+
+    timer = Timer(device)
+    model = tiny_wan.make_expert("t2v", 1, **LORA_WIDE).to(device)
+    plain = Wan22Experts(high_noise=model, low_noise=None, config=WanExpertConfig.from_diffusers_config(model.config),
+                         dtype=torch.float32, sources=("bench", "none"), default_boundary=RUN["boundary"])
+    rank = max(1, round(64 * LORA_WIDE["dim"] / 5120))
+    with tempfile.TemporaryDirectory(prefix="wan22-bench-lora-") as folder:
+        path = tiny_wan.write_tiny_lora(model, os.path.join(folder, "wide.safetensors"), rank=rank)
+        on = plain.replace(loras=(lora.LoraUse("high", lora.read_lora(path, "high_noise_lora", torch.float32), 1.0),))
+    inputs = run_inputs(device)
+
+    def forward():
+        with torch.no_grad():
+            return model(hidden_states=inputs.noise.to(device), timestep=torch.tensor([500.0], device=device),
+                         encoder_hidden_states=inputs.positive.to(device), return_dict=False)[0]
+
+    times = {"plain": [], "lora": []}
+    for r in range(repeats + 1):
+        for name, handle in ((("plain", plain), ("lora", on)) if r % 2 == 0 else (("lora", on), ("plain", plain))):
+            lora.reconcile(handle)  # the switch is untimed: only the forward is
+            seconds = timer(forward)[1]
+            if r:  # the first round warms up
+                times[name].append(seconds)
+    lora.remove(model)
+    return {"lora_wide_rank": rank, "lora_wide_forward_ratio": statistics.median(times["lora"]) / statistics.median(times["plain"])}
+
+
 def write_memory_experts(folder: str) -> dict:
     from devtools import tiny_wan
 
@@ -207,6 +292,7 @@ ACCEPTANCE = [
     ("overhead_ratio", "<=", 1.03), ("overhead_max_abs", "<=", 1e-5), ("speedup", ">=", 1.6),
     ("rel_l2", "<=", 0.02), ("vs_cachedit_ratio", "<=", 1.03), ("same_cached_steps", "==", True),
     ("rss_ratio_low_only", "<=", 0.6), ("load_ratio_fp16", "<=", 1.3), ("load_ratio_fp8", "<=", 1.3),
+    ("lora_vs_diffusers_ratio", "<=", 1.03), ("lora_max_abs", "<=", 1e-5),
 ]
 
 
@@ -226,7 +312,12 @@ def table(results: dict) -> str:
             ("same cached steps per expert as cache-dit direct", "same_cached_steps", "== True"),
             ("peak RSS, low-noise only / both experts", "rss_ratio_low_only", "<= 0.6"),
             ("single-file load / raw safetensors read, fp16", "load_ratio_fp16", "<= 1.3"),
-            ("single-file load / raw safetensors read, fp8", "load_ratio_fp8", "<= 1.3")]
+            ("single-file load / raw safetensors read, fp8", "load_ratio_fp8", "<= 1.3"),
+            ("LoRA run / plain run (wall), LightX2V's rank/width", "lora_overhead_ratio", ""),
+            ("ours with LoRA / WanPipeline + diffusers LoRA (wall)", "lora_vs_diffusers_ratio", "<= 1.03"),
+            ("LoRA: max abs difference to diffusers' LoRA run", "lora_max_abs", "<= 1e-5"),
+            ("LoRA on + off on one set of experts (s)", "lora_switch_s", ""),
+            ("LoRA forward / plain forward at width 2048", "lora_wide_forward_ratio", "")]
     lines = ["| measure | value | target |", "|---|---|---|"]
     for label, key, target in rows:
         value = results[key]
@@ -268,6 +359,8 @@ def main() -> int:
     print(f"[bench] speed: experts {SPEED_EXPERT}, latent {SPEED_LATENT}, {RUN}, {args.repeats} interleaved repeats")
     results = compare_speed(device, args.repeats)
     results["speedup_share"] = results["speedup"] / results["block_forward_ratio"]
+    print(f"[bench] LoRA: rank {LORA_RANK} on every block linear of both experts")
+    results.update(compare_lora(device, args.repeats))
     with tempfile.TemporaryDirectory(prefix="wan22-bench-") as folder:
         print(f"[bench] memory and loading: experts {MEMORY_EXPERT}")
         paths = write_memory_experts(folder)

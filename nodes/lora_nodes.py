@@ -91,6 +91,7 @@ class Wan22LoraLoader(io.ComfyNode):
             core.check_fits(lora, modules[role], input_name)
             uses.append(core.LoraUse(role, lora, float(strength)))
         result = experts.replace(loras=experts.loras + tuple(uses))
-        text = [f"{ROLE_WORDS[u.role]}: {u.lora.name} x{u.strength:g} (rank {u.lora.rank}, {u.lora.layers} layers)"
-                for u in result.loras] or ["no LoRA"]
+        text = [f"{ROLE_WORDS[u.role]}: {u.lora.name} x{u.strength:g} (rank {u.lora.rank}, {u.lora.layers} layers"
+                + (f"; {len(u.lora.left_out)} tensors not applied, e.g. {u.lora.left_out[0]}" if u.lora.left_out
+                   else "") + ")" for u in result.loras] or ["no LoRA"]
         return io.NodeOutput(result, ui={"text": ["\n".join(text)]})

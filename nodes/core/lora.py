@@ -8,7 +8,9 @@ shared expert weights are never changed: what a run sees is exactly the adapters
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -21,6 +23,10 @@ from .errors import Wan22InputError
 LORA_INPUTS = {"high": "high_noise_lora", "low": "low_noise_lora"}
 STRENGTH_INPUTS = {"high": "high_noise_strength", "low": "low_noise_strength"}
 ADAPTER_PREFIX = "wan22_lora_"
+# What diffusers' Wan conversion leaves out of ComfyUI/kohya files: norm differences (zero in LightX2V's
+# files), full-weight differences other than the head's, and modulation differences (`diff_m`).
+_LEFT_OUT = re.compile(r"(norm[^.]*\.diff(_b)?|(?<!^head\.head)\.diff|diff_m)$")
+log = logging.getLogger("wan22_cachedit")
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_B.bias")
 
 
@@ -34,6 +40,7 @@ class LoraFile:
     state_dict: dict[str, torch.Tensor] = field(repr=False)
     rank: int
     layers: int  # how many linear layers it adapts
+    left_out: tuple[str, ...] = ()  # non-zero tensors of the file that the conversion does not apply
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,22 @@ def read_lora(path: str, input_name: str, dtype: torch.dtype) -> LoraFile:
                                           "pick a Wan2.2 A14B LoRA here")
     state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     ranks = [v.shape[0] for k, v in state_dict.items() if k.endswith(".lora_A.weight")]
-    return LoraFile(name=name, state_dict=state_dict, rank=max(ranks), layers=len(ranks))
+    left_out = nonzero_left_out(path)
+    if left_out:
+        log.warning("[wan22] %s: %d tensors are not applied (diffusers' Wan LoRA conversion does not support "
+                    "them), e.g. %s", name, len(left_out), ", ".join(left_out[:3]))
+    return LoraFile(name=name, state_dict=state_dict, rank=max(ranks), layers=len(ranks), left_out=left_out)
+
+
+def nonzero_left_out(path: str) -> tuple[str, ...]:
+    """The tensors of a ComfyUI/kohya file that diffusers' conversion drops and that are not all zero."""
+    from safetensors import safe_open
+
+    prefix = "diffusion_model."
+    with safe_open(path, framework="pt") as f:
+        return tuple(key[len(prefix):] for key in f.keys()
+                     if key.startswith(prefix) and _LEFT_OUT.search(key[len(prefix):])
+                     and bool(f.get_tensor(key).any()))
 
 
 def check_fits(lora: LoraFile, module: torch.nn.Module, input_name: str) -> None:

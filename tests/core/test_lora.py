@@ -296,3 +296,18 @@ def test_a_lora_on_fp8_experts_equals_it_on_the_dequantised_experts(tmp_path, lo
     wrapped = fp8.high_noise.blocks[0].attn1.to_q
     assert isinstance(wrapped.base_layer, Fp8ScaledLinear) and wrapped.base_layer.weight.dtype == torch.float8_e4m3fn
     assert torch.equal(outs[0], outs[1])
+
+
+def test_tensors_the_conversion_does_not_apply_are_named(tmp_path, lora_files):
+    """LightX2V's zero norm differences are dropped silently (they change nothing); a non-zero tensor that
+    diffusers' conversion leaves out (here a modulation difference) is named, and the rest still applies."""
+    from safetensors.torch import save_file
+
+    assert L.read_lora(lora_files[("lightx2v", "high")], "high_noise_lora", torch.float32).left_out == ()
+    tensors = tiny_wan.lora_tensors(tiny_wan.make_expert("t2v", 0), "lightx2v")
+    tensors["diffusion_model.blocks.1.diff_m"] = torch.ones(1, 6, 128, dtype=torch.bfloat16)
+    path = str(tmp_path / "with_modulation.safetensors")
+    save_file(tensors, path)
+    lora = L.read_lora(path, "high_noise_lora", torch.float32)
+    assert lora.left_out == ("blocks.1.diff_m",)
+    assert lora.layers == 4 * len(tiny_wan.LORA_LAYERS) + 1  # every linear, and the head
