@@ -41,6 +41,7 @@ class LoraFile:
     rank: int
     layers: int  # how many linear layers it adapts
     left_out: tuple[str, ...] = ()  # non-zero tensors of the file that the conversion does not apply
+    metadata: dict | None = field(default=None, repr=False)  # a diffusers/PEFT file's LoRA config (alpha, rank)
 
 
 @dataclass(frozen=True)
@@ -64,24 +65,28 @@ def read_lora(path: str, input_name: str, dtype: torch.dtype) -> LoraFile:
     except checkpoint.CheckpointFileError as e:
         raise Wan22InputError(input_name, f"{e}; download the LoRA again or pick another one") from None
     try:
-        converted = WanLoraLoaderMixin.lora_state_dict(path)
+        converted, metadata = WanLoraLoaderMixin.lora_state_dict(path, return_lora_metadata=True)
     except Exception as e:  # diffusers' converters raise bare ValueError/KeyError on foreign layouts
         raise Wan22InputError(input_name, f"{name} is not a Wan LoRA that diffusers can read "
                                           f"({type(e).__name__}: {e}); pick a Wan2.2 A14B LoRA") from None
     prefixed = {k[len("transformer."):]: v for k, v in converted.items() if k.startswith("transformer.")}
     state_dict = prefixed or converted  # a bare PEFT state dict has no component prefix
+    unknown = tuple(k for k in state_dict if not k.endswith(_SUFFIXES))
     state_dict = {k: v for k, v in state_dict.items() if k.endswith(_SUFFIXES)}
+    if metadata:  # saved by diffusers/PEFT: its config decides alpha and ranks, as in diffusers' own loading
+        metadata = {k[len("transformer."):]: v for k, v in metadata.items() if k.startswith("transformer.")} or None
     if not any(k.endswith(".lora_A.weight") for k in state_dict):
         raise Wan22InputError(input_name, f"{name} is not a Wan LoRA: it holds no LoRA layers (keys like "
                                           f"{next(iter(converted), 'none')}); a model file goes in a loader, "
                                           "pick a Wan2.2 A14B LoRA here")
     state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     ranks = [v.shape[0] for k, v in state_dict.items() if k.endswith(".lora_A.weight")]
-    left_out = nonzero_left_out(path)
+    left_out = nonzero_left_out(path) + unknown
     if left_out:
         log.warning("[wan22] %s: %d tensors are not applied (diffusers' Wan LoRA conversion does not support "
                     "them), e.g. %s", name, len(left_out), ", ".join(left_out[:3]))
-    return LoraFile(name=name, state_dict=state_dict, rank=max(ranks), layers=len(ranks), left_out=left_out)
+    return LoraFile(name=name, state_dict=state_dict, rank=max(ranks), layers=len(ranks), left_out=left_out,
+                    metadata=metadata)
 
 
 def nonzero_left_out(path: str) -> tuple[str, ...]:
@@ -177,7 +182,7 @@ def reconcile(experts) -> None:
                         warnings.filterwarnings("ignore", message="Already found a `peft_config`")
                         # low_cpu_mem_usage: the adapter's parameters are the file's tensors, not a copy
                         module.load_lora_adapter(dict(lora.state_dict), prefix=None, adapter_name=adapter,
-                                                 low_cpu_mem_usage=True)
+                                                 metadata=lora.metadata, low_cpu_mem_usage=True)
                     module.requires_grad_(False)
             if want:
                 module.set_adapters(names, weights=[float(strength) for _, strength in want])

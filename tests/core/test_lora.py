@@ -311,3 +311,27 @@ def test_tensors_the_conversion_does_not_apply_are_named(tmp_path, lora_files):
     lora = L.read_lora(path, "high_noise_lora", torch.float32)
     assert lora.left_out == ("blocks.1.diff_m",)
     assert lora.layers == 4 * len(tiny_wan.LORA_LAYERS) + 1  # every linear, and the head
+
+
+def test_a_peft_file_with_its_own_alpha_loads_as_diffusers_loads_it(pair, tmp_path):
+    """diffusers/PEFT files saved with their LoRA config (here lora_alpha = 4 x rank): the config decides the
+    scaling, as in diffusers' own loading; without it the same weights would act 4 times weaker."""
+    from diffusers.loaders.lora_pipeline import WanLoraLoaderMixin
+    from safetensors import safe_open
+
+    source = tiny_wan.write_tiny_lora(tiny_wan.make_expert("t2v", 0), str(tmp_path / "d.safetensors"), "diffusers")
+    with safe_open(source, framework="pt") as f:
+        layers = {k[len("transformer."):]: f.get_tensor(k) for k in f.keys()}
+    config = {"r": 4, "lora_alpha": 16, "target_modules": sorted({k.rpartition(".lora_")[0] for k in layers})}
+    WanLoraLoaderMixin.save_lora_weights(str(tmp_path), transformer_lora_layers=layers,
+                                         transformer_lora_adapter_metadata=config, weight_name="peft.safetensors")
+    path = str(tmp_path / "peft.safetensors")
+    lora = L.read_lora(path, "high_noise_lora", torch.float32)
+    assert lora.metadata["lora_alpha"] == 16
+    high, _ = pair
+    L.reconcile(handle(high, None, [L.LoraUse("high", lora, 1.0)]))
+    reference = fresh_pair()[0]
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=None, transformer=reference)
+    pipe.load_lora_weights(path, adapter_name="d")
+    assert (forward(high) - forward(reference)).abs().max().item() <= 1e-5
+    assert high.blocks[0].attn1.to_q.scaling == {"wan22_lora_0": 4.0}
