@@ -141,7 +141,7 @@ def write_diffusers_folder(path: str, high: WanTransformer3DModel | None, low: W
 
 # --- tiny LoRAs in the formats people have: ComfyUI/kohya, LightX2V, diffusers/PEFT ---
 
-LORA_FORMATS = ("comfy", "lightx2v", "diffusers")
+LORA_FORMATS = ("comfy", "lightx2v", "musubi", "diffusers")
 LORA_LAYERS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
                "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
 LORA_NAMES = {"high": "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
@@ -155,6 +155,7 @@ def lora_tensors(model: WanTransformer3DModel, fmt: str = "comfy", rank: int = 4
     comfy: `diffusion_model.<layer>.lora_down/lora_up.weight` + `.alpha` (ComfyUI/kohya), fp16.
     lightx2v: the same in bf16, plus the bias differences (`diff_b`), zeroed norm differences and a full
     head difference (`head.head.diff`/`diff_b`) that LightX2V's distillation LoRAs carry.
+    musubi: musubi-tuner's `lora_unet_blocks_0_self_attn_q.lora_down.weight` + `.alpha`, fp16.
     diffusers: PEFT names under `transformer.` (`lora_A`/`lora_B`, alpha folded into the weights)."""
     if fmt not in LORA_FORMATS:
         raise ValueError(f"unknown LoRA format {fmt!r}")
@@ -182,6 +183,12 @@ def lora_tensors(model: WanTransformer3DModel, fmt: str = "comfy", rank: int = 4
         return {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}
     if fmt == "comfy":
         return {k: v.to(torch.float16).contiguous() for k, v in tensors.items()}
+    if fmt == "musubi":
+        def musubi(key):  # diffusion_model.blocks.0.self_attn.q.alpha -> lora_unet_blocks_0_self_attn_q.alpha
+            name = key[len("diffusion_model."):]
+            suffix = next(s for s in (".lora_down.weight", ".lora_up.weight", ".alpha") if name.endswith(s))
+            return "lora_unet_" + name[: -len(suffix)].replace(".", "_") + suffix
+        return {musubi(k): v.to(torch.float16).contiguous() for k, v in tensors.items()}
     from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
 
     return {k: v.contiguous() for k, v in _convert_non_diffusers_wan_lora_to_diffusers(tensors).items()}

@@ -132,14 +132,14 @@ def test_comfy_format_equals_diffusers_own_lora_loading(pair, lora_files, steps,
 
 @pytest.mark.parametrize("fmt", tiny_wan.LORA_FORMATS)
 def test_every_format_applies_comfyuis_lora_arithmetic(pair, lora_files, fmt):
-    """ComfyUI/kohya, LightX2V (with bias and head differences) and diffusers/PEFT files all give what
+    """ComfyUI/kohya, LightX2V (with bias and head differences), musubi and diffusers/PEFT files all give what
     ComfyUI's own LoRA loader computes: the weights plus strength x the LoRA's difference."""
     high, _ = pair
     experts = handle(high, None, [use(lora_files, fmt, "high", 0.8)])
     before = forward(high)
     L.reconcile(experts)
     ours = forward(high)
-    # The oracle merges the ComfyUI-format file (the diffusers file is written from the same tensors).
+    # The oracle merges the ComfyUI-format file (the musubi and diffusers files hold the same values).
     source = lora_files[("lightx2v" if fmt == "lightx2v" else "comfy", "high")]
     expected = forward(comfy_merge(fresh_pair()[0], source, 0.8))
     assert (ours - before).abs().max().item() > 1e-3
