@@ -25,14 +25,19 @@ def collect_dropped_experts() -> None:
     gc.collect()
 
 
-def expert_path(input_name: str, name: str) -> str | None:
+def model_file_path(folder: str, input_name: str, name: str) -> str | None:
+    """A file chosen from one of ComfyUI's model folders (`none`: no file), resolved inside that folder."""
     if name == NONE:
         return None
-    path = folder_paths.get_full_path("diffusion_models", name)
+    path = folder_paths.get_full_path(folder, name)
     if path is None:
-        raise Wan22InputError(input_name, f"{name!r} is not in models/diffusion_models: put the file there "
+        raise Wan22InputError(input_name, f"{name!r} is not in models/{folder}: put the file there "
                                           "(then refresh the page) or pick another one")
     return path
+
+
+def expert_path(input_name: str, name: str) -> str | None:
+    return model_file_path("diffusion_models", input_name, name)
 
 
 class Wan22ExpertLoader(io.ComfyNode):

@@ -5,23 +5,16 @@ from __future__ import annotations
 import folder_paths
 from comfy_api.latest import io
 
-from .core import checkpoint
 from .core import lora as core
 from .core.errors import Wan22InputError
+from .loader_nodes import NONE, model_file_path
 from .types import CATEGORY, ExpertsType
 
-NONE = "none"
 ROLE_WORDS = {"high": "high-noise", "low": "low-noise"}
 
 
 def lora_path(input_name: str, name: str) -> str | None:
-    if name == NONE:
-        return None
-    path = folder_paths.get_full_path("loras", name)
-    if path is None:
-        raise Wan22InputError(input_name, f"{name!r} is not in models/loras: put the file there (then refresh "
-                                          "the page) or pick another one")
-    return path
+    return model_file_path("loras", input_name, name)
 
 
 def strength_input(role: str) -> io.Float.Input:
@@ -64,11 +57,7 @@ class Wan22LoraLoader(io.ComfyNode):
             try:
                 path = lora_path(input_name, name or NONE)
                 if path is not None:
-                    try:
-                        checkpoint.read_header(path)
-                    except checkpoint.CheckpointFileError as e:
-                        raise Wan22InputError(input_name, f"{e}; download the LoRA again or pick another "
-                                                          "one") from None
+                    core.check_file(path, input_name)
             except Wan22InputError as e:
                 return str(e)
         return True

@@ -55,15 +55,20 @@ class LoraUse:
                 "layers": self.lora.layers}
 
 
+def check_file(path: str, input_name: str) -> None:
+    """Header-only check (cheap enough for prompt validation): a missing, truncated or corrupt file."""
+    try:
+        checkpoint.read_header(path)
+    except checkpoint.CheckpointFileError as e:
+        raise Wan22InputError(input_name, f"{e}; download the LoRA again or pick another one") from None
+
+
 def read_lora(path: str, input_name: str, dtype: torch.dtype) -> LoraFile:
     """Reads and converts one LoRA file; any file diffusers cannot read as a Wan LoRA is refused by name."""
     from diffusers.loaders.lora_pipeline import WanLoraLoaderMixin
 
     name = os.path.basename(path)
-    try:
-        checkpoint.read_header(path)
-    except checkpoint.CheckpointFileError as e:
-        raise Wan22InputError(input_name, f"{e}; download the LoRA again or pick another one") from None
+    check_file(path, input_name)
     try:
         converted, metadata = WanLoraLoaderMixin.lora_state_dict(path, return_lora_metadata=True)
     except Exception as e:  # diffusers' converters raise bare ValueError/KeyError on foreign layouts

@@ -15,7 +15,7 @@ from wan22_cachedit.nodes.core import cache as C
 from wan22_cachedit.nodes.core import denoise as D
 from wan22_cachedit.nodes.core import schedule as S
 from wan22_cachedit.nodes.core.errors import Wan22InputError
-from wan22_cachedit.nodes.core.experts import Wan22Experts, WanExpertConfig
+from .handles import handle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAYERS = 8
@@ -31,13 +31,6 @@ def pair():
     yield high, low
     for module in (high, low):
         C.remove(module)
-
-
-def handle(high, low, plan=None):
-    model = high if high is not None else low
-    return Wan22Experts(high_noise=high, low_noise=low, config=WanExpertConfig.from_diffusers_config(model.config),
-                        dtype=torch.float32, sources=("h" if high else "none", "l" if low else "none"),
-                        default_boundary=0.875, cache_plan=plan)
 
 
 def inputs(seed=0, shape=(1, 16, 3, 16, 16)):
@@ -91,13 +84,14 @@ def test_disabling_unhooks_everything_and_matches_a_process_that_never_cached(pa
 
     script = f"""
 import sys, torch
-sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests', 'core')!r})
+sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
 from devtools.paths import import_pack
 import_pack()
-import test_cache as T
-out, _ = T.run(T.handle(*T.fresh_pair()), seed=4)
+from core import test_cache as T
+experts = T.handle(*T.fresh_pair())
+out, _ = T.run(experts, seed=4)
 torch.save(out, {str(tmp_path / 'never_cached.pt')!r})
-assert "cache_dit" not in sys.modules or not any(T.C.is_cached(x) for x in [])
+assert T.C.leftovers(experts.high_noise) == [] and T.C.leftovers(experts.low_noise) == []
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -8,7 +8,7 @@ from devtools import tiny_wan
 from wan22_cachedit.nodes.core import denoise as D
 from wan22_cachedit.nodes.core import schedule as S
 from wan22_cachedit.nodes.core.errors import Wan22InputError
-from wan22_cachedit.nodes.core.experts import Wan22Experts, WanExpertConfig
+from .handles import handle
 
 SHAPE = (1, 16, 2, 16, 16)  # [B, C, F, H, W] in latent space: 2 frames of 16x16 -> 128 tokens
 
@@ -16,13 +16,6 @@ SHAPE = (1, 16, 2, 16, 16)  # [B, C, F, H, W] in latent space: 2 frames of 16x16
 @pytest.fixture(scope="module")
 def pair():
     return tiny_wan.make_expert("t2v", 11), tiny_wan.make_expert("t2v", 12)
-
-
-def handle(high, low, default=0.875):
-    model = high if high is not None else low
-    return Wan22Experts(high_noise=high, low_noise=low, config=WanExpertConfig.from_diffusers_config(model.config),
-                        dtype=torch.float32, sources=("h" if high else "none", "l" if low else "none"),
-                        default_boundary=default)
 
 
 def run_inputs(seed=0):

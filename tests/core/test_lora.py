@@ -14,7 +14,7 @@ from wan22_cachedit.nodes.core import denoise as D
 from wan22_cachedit.nodes.core import lora as L
 from wan22_cachedit.nodes.core import schedule as S
 from wan22_cachedit.nodes.core.errors import Wan22InputError
-from wan22_cachedit.nodes.core.experts import Wan22Experts, WanExpertConfig
+from .handles import handle
 
 SEEDS = {"high": 31, "low": 32}
 SHAPE = (1, 16, 2, 16, 16)
@@ -51,13 +51,6 @@ def lora_files(tmp_path_factory):
     with open(files["truncated"], "wb") as f:
         f.write(data[: len(data) // 2])
     return files
-
-
-def handle(high, low, loras=(), plan=None, dtype=torch.float32):
-    model = high if high is not None else low
-    return Wan22Experts(high_noise=high, low_noise=low, config=WanExpertConfig.from_diffusers_config(model.config),
-                        dtype=dtype, sources=("h" if high else "none", "l" if low else "none"),
-                        default_boundary=0.875, cache_plan=plan, loras=tuple(loras))
 
 
 def use(files, fmt, role, strength=1.0, dtype=torch.float32):
@@ -108,7 +101,7 @@ def comfy_merge(model, path, strength):
 @pytest.mark.parametrize("steps,sampler,cfg", [(4, "euler", (1.0, 1.0)), (8, "unipc", (4.0, 3.0))])
 def test_comfy_format_equals_diffusers_own_lora_loading(pair, lora_files, steps, sampler, cfg):
     high, low = pair
-    experts = handle(high, low, [use(lora_files, "comfy", "high", 1.0), use(lora_files, "comfy", "low", 0.7)])
+    experts = handle(high, low, loras=[use(lora_files, "comfy", "high", 1.0), use(lora_files, "comfy", "low", 0.7)])
     schedule = S.build_schedule(sampler=sampler, steps=steps, flow_shift=5.0, has_high=True, has_low=True,
                                 model_default=0.875)
     ours, record = D.denoise(experts, schedule, run_inputs(), *cfg)
@@ -135,7 +128,7 @@ def test_every_format_applies_comfyuis_lora_arithmetic(pair, lora_files, fmt):
     """ComfyUI/kohya, LightX2V (with bias and head differences), musubi and diffusers/PEFT files all give what
     ComfyUI's own LoRA loader computes: the weights plus strength x the LoRA's difference."""
     high, _ = pair
-    experts = handle(high, None, [use(lora_files, fmt, "high", 0.8)])
+    experts = handle(high, None, loras=[use(lora_files, fmt, "high", 0.8)])
     before = forward(high)
     L.reconcile(experts)
     ours = forward(high)
@@ -149,7 +142,7 @@ def test_every_format_applies_comfyuis_lora_arithmetic(pair, lora_files, fmt):
 def test_chained_loras_add_up(pair, lora_files):
     high, _ = pair
     second = L.read_lora(lora_files[("comfy", "low")], "high_noise_lora", torch.float32)
-    L.reconcile(handle(high, None, [use(lora_files, "comfy", "high", 0.5), L.LoraUse("high", second, -1.2)]))
+    L.reconcile(handle(high, None, loras=[use(lora_files, "comfy", "high", 0.5), L.LoraUse("high", second, -1.2)]))
     expected = comfy_merge(comfy_merge(fresh_pair()[0], lora_files[("comfy", "high")], 0.5),
                            lora_files[("comfy", "low")], -1.2)
     assert (forward(high) - forward(expected)).abs().max().item() <= 1e-5
@@ -160,7 +153,7 @@ def test_strength_zero_is_bit_identical_to_no_lora(pair, lora_files):
     high, low = pair
     schedule = template_schedule(handle(high, low))
     plain, _ = D.denoise(handle(high, low), schedule, run_inputs(), 1.0, 1.0)
-    zero = handle(high, low, [use(lora_files, "comfy", "high", 0.0), use(lora_files, "comfy", "low", 0.0)])
+    zero = handle(high, low, loras=[use(lora_files, "comfy", "high", 0.0), use(lora_files, "comfy", "low", 0.0)])
     out, _ = D.denoise(zero, schedule, run_inputs(), 1.0, 1.0)
     assert torch.equal(out, plain)
     assert L.leftovers(high) == [] and L.leftovers(low) == []
@@ -169,13 +162,13 @@ def test_strength_zero_is_bit_identical_to_no_lora(pair, lora_files):
 def test_a_high_noise_lora_leaves_the_low_noise_expert_untouched(pair, lora_files):
     high, low = pair
     low_before, high_before = forward(low), forward(high)
-    L.reconcile(handle(high, low, [use(lora_files, "comfy", "high")]))
+    L.reconcile(handle(high, low, loras=[use(lora_files, "comfy", "high")]))
     assert torch.equal(forward(low), low_before)
     assert L.leftovers(low) == []
     assert not torch.equal(forward(high), high_before)
     # And over a whole run (2 high + 2 low steps): the same as a hand-merged high-noise expert next to
     # the plain low-noise one.
-    experts = handle(high, low, [use(lora_files, "comfy", "high")])
+    experts = handle(high, low, loras=[use(lora_files, "comfy", "high")])
     ours, _ = D.denoise(experts, template_schedule(experts), run_inputs(), 1.0, 1.0)
     merged = handle(comfy_merge(fresh_pair()[0], lora_files[("comfy", "high")], 1.0), fresh_pair()[1])
     expected, _ = D.denoise(merged, template_schedule(merged), run_inputs(), 1.0, 1.0)
@@ -187,8 +180,8 @@ def test_runs_reconcile_the_adapters_with_their_own_handle(pair, lora_files):
     and a handle without LoRAs leaves no trace of PEFT on the experts."""
     high, low = pair
     lora = use(lora_files, "comfy", "high")
-    with_lora = handle(high, low, [lora, use(lora_files, "comfy", "low")])
-    weaker = handle(high, low, [L.LoraUse("high", lora.lora, 0.5)])
+    with_lora = handle(high, low, loras=[lora, use(lora_files, "comfy", "low")])
+    weaker = handle(high, low, loras=[L.LoraUse("high", lora.lora, 0.5)])
     plain = handle(high, low)
     schedule = template_schedule(plain)
     outs = [D.denoise(h, schedule, run_inputs(), 1.0, 1.0)[0] for h in (with_lora, plain, weaker, with_lora, plain)]
@@ -208,7 +201,7 @@ def test_lora_with_cache_seeds_a_b_a_are_bit_identical():
         files[("comfy", role)] = tiny_wan.write_tiny_lora(model, os.path.join(folder, f"w22_cache_{role}.safetensors"),
                                                           seed=seed, amplitude=0.02)
     plan = C.CachePlan(high=C.ExpertCacheSettings(1, -1), low=C.ExpertCacheSettings(1, -1))
-    experts = handle(high, low, [use(files, "comfy", "high"), use(files, "comfy", "low")], plan=plan)
+    experts = handle(high, low, loras=[use(files, "comfy", "high"), use(files, "comfy", "low")], plan=plan)
     schedule = S.build_schedule(sampler="unipc", steps=16, flow_shift=5.0, has_high=True, has_low=True,
                                 model_default=0.875)
     try:
@@ -225,7 +218,8 @@ def test_lora_with_cache_seeds_a_b_a_are_bit_identical():
 
 
 def test_the_report_says_the_cache_can_skip_nothing_at_four_steps(pair, lora_files):
-    experts = handle(*pair, [use(lora_files, "comfy", "high"), use(lora_files, "comfy", "low")], plan=C.CachePlan())
+    experts = handle(*pair, loras=[use(lora_files, "comfy", "high"), use(lora_files, "comfy", "low")],
+                     plan=C.CachePlan())
     _, record = D.denoise(experts, template_schedule(experts), run_inputs(), 1.0, 1.0)
     for role in ("high", "low"):
         stats = record.cache[role]
@@ -238,7 +232,8 @@ def test_the_report_says_the_cache_can_skip_nothing_at_four_steps(pair, lora_fil
 def test_adapters_compute_in_the_experts_dtype(pair, lora_files):
     high, low = pair
     high.to(torch.bfloat16)
-    L.reconcile(handle(high, None, [use(lora_files, "lightx2v", "high", dtype=torch.bfloat16)], dtype=torch.bfloat16))
+    L.reconcile(handle(high, None, loras=[use(lora_files, "lightx2v", "high", dtype=torch.bfloat16)],
+                       dtype=torch.bfloat16))
     dtypes = {p.dtype for n, p in high.named_parameters() if "lora_" in n}
     assert dtypes == {torch.bfloat16}
 
@@ -260,7 +255,7 @@ def test_a_failed_load_leaves_no_half_installed_adapters(pair, lora_files):
     good = use(lora_files, "comfy", "high")
     wide = L.LoraUse("high", L.read_lora(lora_files["wide"], "high_noise_lora", torch.float32), 1.0)
     with pytest.raises(Exception):
-        L.reconcile(handle(high, low, [good, wide]))  # the second adapter cannot load
+        L.reconcile(handle(high, low, loras=[good, wide]))  # the second adapter cannot load
     assert L.leftovers(high) == []
     plain, _ = D.denoise(handle(high, low), template_schedule(handle(high, low)), run_inputs(), 1.0, 1.0)
     fresh, _ = D.denoise(handle(*fresh_pair()), template_schedule(handle(high, low)), run_inputs(), 1.0, 1.0)
@@ -329,7 +324,7 @@ def test_a_peft_file_with_its_own_alpha_loads_as_diffusers_loads_it(pair, tmp_pa
     lora = L.read_lora(path, "high_noise_lora", torch.float32)
     assert lora.metadata["lora_alpha"] == 16
     high, _ = pair
-    L.reconcile(handle(high, None, [L.LoraUse("high", lora, 1.0)]))
+    L.reconcile(handle(high, None, loras=[L.LoraUse("high", lora, 1.0)]))
     reference = fresh_pair()[0]
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=None, transformer=reference)
     pipe.load_lora_weights(path, adapter_name="d")
