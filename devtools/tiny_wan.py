@@ -3,7 +3,6 @@
 Nothing can be downloaded here, so tests and the demo build experts of the real architecture at a
 tiny size (head width 128 like the real ones, so the config can be read off the tensors) and write
 them as ComfyUI single files and diffusers folders, which the pack then loads through the real loaders.
-This module uses diffusers directly and none of the pack's code: it is an independent oracle.
 """
 
 from __future__ import annotations
@@ -14,6 +13,11 @@ import os
 import torch
 from diffusers import WanTransformer3DModel
 from safetensors.torch import save_file
+
+from .paths import import_pack
+
+import_pack()
+from wan22_cachedit.nodes.core.diffusers_folder import to_comfy_layout  # noqa: E402
 
 PREFIX = "model.diffusion_model."
 IN_CHANNELS = {"t2v": 16, "i2v": 36}
@@ -41,34 +45,10 @@ def make_expert(task: str = "t2v", seed: int = 0, **config) -> WanTransformer3DM
     return model.eval().requires_grad_(False)
 
 
-# diffusers name -> original Wan name (the inverse of diffusers' convert_wan_transformer_to_diffusers)
-_TO_ORIGINAL = [
-    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
-    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
-    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
-    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
-    ("condition_embedder.time_proj", "time_projection.1"),
-    (".attn1.", ".self_attn."), (".attn2.", ".cross_attn."),
-    (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."), (".to_out.0.", ".o."),
-    (".ffn.net.0.proj.", ".ffn.0."), (".ffn.net.2.", ".ffn.2."),
-    (".norm2.", ".norm3."),  # diffusers' norm2 is the original cross-attention norm3
-]
-
-
 def to_original_layout(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, tensor in state_dict.items():
-        new = name
-        if new == "scale_shift_table":
-            new = "head.modulation"
-        elif new.startswith("proj_out."):
-            new = "head.head." + new[len("proj_out."):]
-        elif new.startswith("blocks.") and new.endswith(".scale_shift_table"):
-            new = new[: -len("scale_shift_table")] + "modulation"
-        for a, b in _TO_ORIGINAL:
-            new = new.replace(a, b)
-        out[new] = tensor
-    return out
+    """diffusers names -> the original Wan names of ComfyUI's files, by the pack's own rename (which a core
+    test checks against diffusers' conversion the other way)."""
+    return to_comfy_layout(state_dict)
 
 
 def _is_quantised(name: str) -> bool:

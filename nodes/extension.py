@@ -2,6 +2,7 @@
 
 from comfy_api.latest import ComfyExtension, io
 
+from .bridge_nodes import Wan22ExpertsFromModel
 from .cache_nodes import Wan22CacheDiT
 from .loader_nodes import Wan22DiffusersExpertLoader, Wan22ExpertLoader
 from .lora_nodes import Wan22LoraLoader
@@ -15,5 +16,5 @@ class Wan22CacheDiTExtension(ComfyExtension):
         from . import routes  # noqa: F401  (registers the live-split route on ComfyUI's server)
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22LoraLoader, Wan22Schedule, Wan22CacheDiT,
+        return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22ExpertsFromModel, Wan22LoraLoader, Wan22Schedule, Wan22CacheDiT,
                 Wan22TextEncode, Wan22TwoStageSampler]

@@ -1,28 +1,45 @@
-"""Load Wan2.2 Experts (ComfyUI single files) and Load Wan2.2 Experts (Diffusers folder)."""
+"""Load Wan2.2 Experts (ComfyUI single files) and Load Wan2.2 Experts (Diffusers folder): both give native
+ComfyUI models, loaded by ComfyUI's own diffusion-model loader."""
 
 from __future__ import annotations
 
-import gc
 import os
 
 import folder_paths
+import torch
 from comfy_api.latest import io
 
+import comfy.sd
 import comfy.utils
 
-from .core import experts as core
+from . import engine
+from .core import checkpoint
+from .core import diffusers_folder as folders
+from .core.architecture import check_matching
 from .core.errors import Wan22InputError
+from .core.experts import EXPERT_INPUTS, NONE, ROLES, require_some_expert
 from .types import CATEGORY, ExpertsType
 
-NONE = "none"
-DTYPE_TOOLTIP = ("Compute dtype of the experts. 'default' keeps the file's own precision (fp8 files compute in "
-                 "bf16 and stay fp8 in memory); fp32 is exact and slowest.")
+# weight_dtype -> ComfyUI's model options. The first four are the pack's own since its first release; the
+# fp8 ones are ComfyUI's own Load Diffusion Model choices, with the same meaning.
+WEIGHT_DTYPES = {
+    "default": {},
+    "fp32": {"dtype": torch.float32},
+    "bf16": {"dtype": torch.bfloat16},
+    "fp16": {"dtype": torch.float16},
+    "fp8_e4m3fn": {"dtype": torch.float8_e4m3fn},
+    "fp8_e4m3fn_fast": {"dtype": torch.float8_e4m3fn, "fp8_optimizations": True},
+    "fp8_e5m2": {"dtype": torch.float8_e5m2},
+}
+DTYPE_TOOLTIP = ("The experts' weight dtype, as in Load Diffusion Model. 'default' keeps ComfyUI's choice for the "
+                 "file (scaled fp8 files stay fp8); fp32/bf16/fp16 load in that dtype; fp8_e4m3fn(_fast)/fp8_e5m2 "
+                 "store the weights in fp8 (_fast also computes in fp8 where the GPU can).")
 
 
-def collect_dropped_experts() -> None:
-    """Experts that ComfyUI has just dropped may still be held by reference cycles (cache-dit binds its
-    forward to the module), which only a full collection frees: free them before loading new ones."""
-    gc.collect()
+def model_options(weight_dtype: str) -> dict:
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise Wan22InputError("weight_dtype", f"unknown dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_DTYPES)}")
+    return dict(WEIGHT_DTYPES[weight_dtype])
 
 
 def model_file_path(folder: str, input_name: str, name: str) -> str | None:
@@ -36,8 +53,17 @@ def model_file_path(folder: str, input_name: str, name: str) -> str | None:
     return path
 
 
-def expert_path(input_name: str, name: str) -> str | None:
-    return model_file_path("diffusion_models", input_name, name)
+def expert_path(role: str, name: str) -> str | None:
+    return model_file_path("diffusion_models", EXPERT_INPUTS[role], name)
+
+
+def inspect_files(names: dict[str, str]) -> dict:
+    """Header-only checks of the chosen files (role -> file name), and that they match one another."""
+    paths = {role: expert_path(role, name) for role, name in names.items()}
+    architectures = {role: checkpoint.expert_architecture(path, EXPERT_INPUTS[role])
+                     for role, path in paths.items() if path}
+    check_matching(architectures, {role: names[role] for role in architectures})
+    return architectures
 
 
 class Wan22ExpertLoader(io.ComfyNode):
@@ -48,44 +74,50 @@ class Wan22ExpertLoader(io.ComfyNode):
             node_id="Wan22ExpertLoader",
             display_name="Load Wan2.2 Experts",
             category=CATEGORY,
-            description="Loads the high-noise and low-noise experts of Wan2.2 A14B from ComfyUI's single files "
-                        "(fp32, fp16, bf16 or scaled fp8). Either may be 'none': every step then runs on the "
-                        "loaded one.",
+            description="Loads the high-noise and low-noise experts of Wan2.2 A14B from single files with ComfyUI's "
+                        "own loader (as Load Diffusion Model does). Either may be 'none': every step then runs on "
+                        "the loaded one.",
             inputs=[
                 io.Combo.Input("high_noise_model", options=files, default=NONE,
-                               tooltip="High-noise expert (runs the steps whose timestep is at or above the "
-                                       "boundary), from models/diffusion_models. 'none' = low-noise expert only."),
+                               tooltip="High-noise expert (runs the steps whose sigma is at or above the boundary), "
+                                       "from models/diffusion_models. 'none' = low-noise expert only."),
                 io.Combo.Input("low_noise_model", options=files, default=NONE,
                                tooltip="Low-noise expert (runs the steps below the boundary), from "
                                        "models/diffusion_models. 'none' = high-noise expert only."),
-                io.Combo.Input("weight_dtype", options=list(core.WEIGHT_DTYPES), default="default",
-                               tooltip=DTYPE_TOOLTIP),
+                io.Combo.Input("weight_dtype", options=list(WEIGHT_DTYPES), default="default", tooltip=DTYPE_TOOLTIP,
+                               advanced=True),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The loaded experts, for the schedule, "
-                                                                       "Cache-DiT and sampler nodes.")],
+                                                                       "LoRA, Cache-DiT and sampler nodes.")],
         )
 
     @classmethod
     def validate_inputs(cls, high_noise_model, low_noise_model):
-        # Header-only checks, so a wrong file is refused at queue time, before anything runs.
+        # Header-only checks, so a wrong file is refused at queue time, before anything runs. A linked input
+        # is None here: its value is known only when the prompt runs, and execute checks it then.
+        names = {"high": high_noise_model, "low": low_noise_model}
         try:
-            core.require_some_expert(high_noise_model or NONE, low_noise_model or NONE)
-            core.inspect_single_files({
-                "high_noise": expert_path("high_noise_model", high_noise_model or NONE),
-                "low_noise": expert_path("low_noise_model", low_noise_model or NONE)})
+            if None not in names.values():
+                require_some_expert(high_noise_model, low_noise_model)
+            inspect_files({role: name for role, name in names.items() if name is not None})
         except Wan22InputError as e:
             return str(e)
         return True
 
     @classmethod
-    def execute(cls, high_noise_model, low_noise_model, weight_dtype) -> io.NodeOutput:
-        core.require_some_expert(high_noise_model, low_noise_model)
-        collect_dropped_experts()
-        progress = comfy.utils.ProgressBar(sum(name != NONE for name in (high_noise_model, low_noise_model)))
-        experts = core.load_single_file_experts(expert_path("high_noise_model", high_noise_model),
-                                                expert_path("low_noise_model", low_noise_model),
-                                                weight_dtype, names=(high_noise_model, low_noise_model),
-                                                on_loaded=lambda: progress.update(1))
+    def execute(cls, high_noise_model, low_noise_model, weight_dtype="default") -> io.NodeOutput:
+        names = {"high": high_noise_model, "low": low_noise_model}
+        require_some_expert(high_noise_model, low_noise_model)
+        inspect_files(names)
+        options = model_options(weight_dtype)
+        progress = comfy.utils.ProgressBar(sum(name != NONE for name in names.values()))
+        models = {}
+        for role in ROLES:
+            path = expert_path(role, names[role])
+            if path is not None:
+                models[role] = comfy.sd.load_diffusion_model(path, model_options=dict(options))
+                progress.update(1)
+        experts = engine.experts_handle(models, sources={r: n for r, n in names.items() if n != NONE})
         return io.NodeOutput(experts, ui={"text": [experts.summary()]})
 
 
@@ -103,13 +135,30 @@ def diffusers_folder_list() -> list[str]:
 
 
 def diffusers_folder_path(name: str) -> str:
+    """A listed folder, resolved as ComfyUI's folder_paths resolves files: the name cannot climb out of the
+    models folder, and a folder linked in from elsewhere (another drive) loads."""
+    relative = os.path.relpath(os.path.join("/", name or ""), "/")
     for base in folder_paths.get_folder_paths("diffusers"):
-        base = os.path.realpath(base)
-        path = os.path.realpath(os.path.join(base, name))
-        if os.path.commonpath([base, path]) == base and os.path.isdir(path):
+        path = os.path.join(base, relative)
+        if relative != "." and os.path.isdir(path):
             return path
     raise Wan22InputError("model_folder", f"{name!r} is not a folder under models/diffusers: put the diffusers "
                                           "Wan2.2 folder there (then refresh the page) or pick another one")
+
+
+def load_diffusers_expert(transformer_dir: str, options: dict, disable_dynamic: bool = False):
+    """One diffusers transformer as ComfyUI's native Wan model: its keys renamed to ComfyUI's layout, then
+    ComfyUI's own state-dict loader (the one behind Load Diffusion Model)."""
+    state_dict = {}
+    for path in folders.weight_files(transformer_dir):
+        state_dict.update(comfy.utils.load_torch_file(path, safe_load=True))
+    model = comfy.sd.load_diffusion_model_state_dict(folders.to_comfy_layout(state_dict), model_options=dict(options),
+                                                     disable_dynamic=disable_dynamic)
+    if model is None:
+        raise Wan22InputError("model_folder", f"ComfyUI cannot read {transformer_dir} as a Wan model; pick a "
+                                              "Wan2.2 A14B diffusers folder")
+    model.cached_patcher_init = (load_diffusers_expert, (transformer_dir, options))
+    return model
 
 
 class Wan22DiffusersExpertLoader(io.ComfyNode):
@@ -120,17 +169,17 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
             display_name="Load Wan2.2 Experts (Diffusers)",
             category=CATEGORY,
             description="Loads Wan2.2 A14B experts from a diffusers folder (transformer/ = high noise, "
-                        "transformer_2/ = low noise). Its model_index.json boundary_ratio becomes the default "
-                        "boundary.",
+                        "transformer_2/ = low noise) as ComfyUI's native model. Its model_index.json "
+                        "boundary_ratio becomes the default boundary.",
             inputs=[
                 io.Combo.Input("model_folder", options=diffusers_folder_list(),
                                tooltip="A diffusers Wan2.2 A14B folder under models/diffusers."),
-                io.Combo.Input("experts", options=list(core.DIFFUSERS_CHOICES), default="both",
+                io.Combo.Input("experts", options=list(folders.CHOICES), default="both",
                                tooltip="Which experts to load: both, or one alone (every step then runs on it)."),
-                io.Combo.Input("weight_dtype", options=list(core.WEIGHT_DTYPES), default="default",
-                               tooltip=DTYPE_TOOLTIP),
+                io.Combo.Input("weight_dtype", options=list(WEIGHT_DTYPES), default="default", tooltip=DTYPE_TOOLTIP,
+                               advanced=True),
             ],
-            outputs=[ExpertsType.Output(display_name="experts")],
+            outputs=[ExpertsType.Output(display_name="experts", tooltip="The loaded experts.")],
         )
 
     @classmethod
@@ -138,15 +187,21 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
         if model_folder is None or experts is None:
             return True
         try:
-            core.inspect_diffusers_folder(diffusers_folder_path(model_folder), experts)
+            folders.inspect_folder(diffusers_folder_path(model_folder), experts)
         except Wan22InputError as e:
             return str(e)
         return True
 
     @classmethod
-    def execute(cls, model_folder, experts, weight_dtype) -> io.NodeOutput:
-        collect_dropped_experts()
-        progress = comfy.utils.ProgressBar(len(core.DIFFUSERS_CHOICES.get(experts, ())))
-        loaded = core.load_diffusers_experts(diffusers_folder_path(model_folder), experts, weight_dtype,
-                                             on_loaded=lambda: progress.update(1))
-        return io.NodeOutput(loaded, ui={"text": [loaded.summary()]})
+    def execute(cls, model_folder, experts, weight_dtype="default") -> io.NodeOutput:
+        folder = diffusers_folder_path(model_folder)
+        architectures, declared = folders.inspect_folder(folder, experts)
+        options = model_options(weight_dtype)
+        progress = comfy.utils.ProgressBar(len(architectures))
+        models, sources = {}, {}
+        for role in architectures:
+            models[role] = load_diffusers_expert(os.path.join(folder, folders.SUBFOLDERS[role]), options)
+            sources[role] = f"{model_folder}/{folders.SUBFOLDERS[role]}"
+            progress.update(1)
+        handle = engine.experts_handle(models, sources=sources, declared_boundary=declared)
+        return io.NodeOutput(handle, ui={"text": [handle.summary()]})

@@ -1,62 +1,16 @@
-"""Wan2.2 Two-Stage Sampler: the whole denoising run, native CONDITIONING and LATENT in and out."""
+"""Wan2.2 Two-Stage Sampler: the whole two-expert run through ComfyUI's own sampling, as the official
+template's two KSamplerAdvanced run it, with the switch taken from the schedule."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
-import sys
 
 import torch
 from comfy_api.latest import io
 
-import comfy.model_management as mm
-import comfy.utils
-
-from .core import denoise, latents, report, sampler_inputs, timeline
+from . import engine
+from .core import report, sampler_inputs, timeline
 from .types import CATEGORY, ExpertsType, ScheduleType
-
-
-def _return_freed_heap_to_os() -> None:
-    """A run's activations fragment glibc's heap; without a trim a long-running server's RSS creeps up
-    with every large run even though nothing is leaked (measured by bench/endurance.py)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
-
-
-class ComfyPlacement:
-    """One expert on the compute device at a time: ComfyUI frees memory before an expert is moved in,
-    the idle expert goes back to the offload device. Every move is recorded for the report."""
-
-    def __init__(self):
-        self.device = mm.get_torch_device()
-        self.offload_device = mm.unet_offload_device()
-        self.resident: dict[str, torch.nn.Module] = {}
-        self.moves: list[list[str]] = []
-
-    def activate(self, role, module):
-        if role in self.resident:
-            return
-        for other, other_module in list(self.resident.items()):
-            other_module.to(self.offload_device)
-            del self.resident[other]
-            self.moves.append([other, "offload"])
-        mm.soft_empty_cache()
-        mm.free_memory(mm.module_size(module), self.device)
-        module.to(self.device)
-        self.resident[role] = module
-        self.moves.append([role, "compute"])
-
-    def release(self):
-        for role, module in list(self.resident.items()):
-            module.to(self.offload_device)
-            del self.resident[role]
-            self.moves.append([role, "offload"])
-        mm.soft_empty_cache()
-        _return_freed_heap_to_os()
 
 
 class Wan22TwoStageSampler(io.ComfyNode):
@@ -66,32 +20,33 @@ class Wan22TwoStageSampler(io.ComfyNode):
             node_id="Wan22TwoStageSampler",
             display_name="Wan2.2 Two-Stage Sampler",
             category=CATEGORY,
-            description="Denoises a Wan2.2 A14B run in one pass over the schedule: the high-noise expert for "
-                        "the steps at or above the boundary, the low-noise expert after, each with its own CFG.",
+            description="Denoises a Wan2.2 A14B run with ComfyUI's own sampler: the high-noise expert from the first "
+                        "step to the schedule's switch (keeping its leftover noise), then the low-noise expert to "
+                        "the end, each with its own CFG, as two KSamplerAdvanced would.",
             inputs=[
-                ExpertsType.Input("experts", tooltip="The experts (optionally with LoRAs and a Cache-DiT plan, applied for this run)."),
+                ExpertsType.Input("experts", tooltip="The experts (with their LoRAs and Cache-DiT plan, if any)."),
                 ScheduleType.Input("schedule", tooltip="From Wan2.2 Boundary & Flow Shift, built on the same "
                                                        "experts."),
                 io.Conditioning.Input("positive", tooltip="Text conditioning from the umt5 text encoder; through "
                                                           "WanImageToVideo for image-to-video."),
                 io.Conditioning.Input("negative", tooltip="Negative text conditioning (used when a CFG scale is "
                                                           "not 1.0)."),
-                io.Latent.Input("latent_image", tooltip="Gives the video's size, length and batch (Empty Latent "
-                                                        "Video or WanImageToVideo). The run starts from pure noise, "
-                                                        "as a KSampler at denoise 1.0."),
+                io.Latent.Input("latent_image", tooltip="The latent to denoise (Empty Latent Video or "
+                                                        "WanImageToVideo). It is denoised fully, from noise, as by a "
+                                                        "KSampler at denoise 1.0; its noise_mask is honoured."),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
                              tooltip="Noise seed; the same seed gives the same noise as in a KSampler."),
                 io.Float.Input("cfg_high", default=4.0, min=0.0, max=30.0, step=0.1, round=0.01,
-                               tooltip="CFG scale of the high-noise expert. 1.0 runs one forward per step (no "
-                                       "negative pass). Wan2.2 T2V: 4.0, I2V: 3.5."),
+                               tooltip="CFG scale of the high-noise expert. 1.0 runs one transformer call per step "
+                                       "(no negative pass). Wan2.2 T2V: 4.0, I2V: 3.5; LightX2V 4-step: 1.0."),
                 io.Float.Input("cfg_low", default=3.0, min=0.0, max=30.0, step=0.1, round=0.01,
-                               tooltip="CFG scale of the low-noise expert. 1.0 runs one forward per step. "
-                                       "Wan2.2 T2V: 3.0, I2V: 3.5."),
+                               tooltip="CFG scale of the low-noise expert. 1.0 runs one transformer call per step. "
+                                       "Wan2.2 T2V: 3.0, I2V: 3.5; LightX2V 4-step: 1.0."),
             ],
             outputs=[
-                io.Latent.Output(display_name="latent", tooltip="The denoised latent, in VAE space for VAE Decode."),
-                io.String.Output(display_name="report", tooltip="JSON: schedule, split, LoRAs, time, forward "
-                                                                "passes and cache statistics per expert."),
+                io.Latent.Output(display_name="latent", tooltip="The denoised latent, for VAE Decode."),
+                io.String.Output(display_name="report", tooltip="JSON: schedule, sigmas, split, LoRAs, time, "
+                                                                "transformer calls and cache statistics per expert."),
                 io.Image.Output(display_name="timeline", tooltip="Sigma per step, the boundary, and which expert "
                                                                  "ran each step."),
             ],
@@ -99,18 +54,10 @@ class Wan22TwoStageSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, experts, schedule, positive, negative, latent_image, seed, cfg_high, cfg_low) -> io.NodeOutput:
-        inputs = sampler_inputs.prepare_inputs(experts, positive, negative, latent_image, seed)
-        placement = ComfyPlacement()
-        progress = comfy.utils.ProgressBar(schedule.steps)
-        result, record = denoise.denoise(
-            experts, schedule, inputs, cfg_high, cfg_low, placement=placement,
-            before_step=lambda i, n: mm.throw_exception_if_processing_interrupted(),
-            after_step=lambda i, n: progress.update_absolute(i, n))
-
-        out = dict(latent_image)  # a copy: the input dict is shared with other consumers
-        out["samples"] = latents.to_vae_space(result).to(mm.intermediate_device())
-        run_report = report.build_report(experts, schedule, record, seed=seed, cfg_high=cfg_high,
-                                         cfg_low=cfg_low, device_moves=placement.moves)
+        sampler_inputs.check_sampler_inputs(experts.architecture, positive, negative, latent_image)
+        cfg = {"high": float(cfg_high), "low": float(cfg_low)}
+        latent, record = engine.sample(experts, schedule, positive, negative, latent_image, seed, cfg)
+        run_report = report.build_report(experts, schedule, record, seed=seed, cfg=cfg)
         picture = torch.from_numpy(timeline.render_timeline(schedule, record)).float().div(255.0).unsqueeze(0)
-        return io.NodeOutput(out, json.dumps(run_report), picture,
+        return io.NodeOutput(latent, json.dumps(run_report), picture,
                              ui={"text": [report.summary_line(run_report)], "report": [run_report]})

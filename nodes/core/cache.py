@@ -1,32 +1,32 @@
-"""Cache-DiT on the two experts: the cache plan (a value), and the lifecycle the sampler runs before
-every run: reconcile what is installed with the handle's plan, then refresh each expert's context
-with that expert's share of this run's steps. Traps are in shared/reference/cache-dit.md; each one
-this module avoids is marked where it does.
+"""Cache-DiT per expert: the cache plan (a value the Cache-DiT node puts on a handle), how each expert's
+context is sized for one run, and what cache-dit reports back.
+
+Each expert's stage of a run gets a context of its own, sized with the transformer evaluations that
+expert makes in that stage. A context sized with the wrong count resets in the middle of the run and
+warms up again (or carries stale residuals into the next run), so the count comes from the run's own
+sigmas and sampler, not from a guess.
 """
 
 from __future__ import annotations
 
-import contextlib
-import weakref
-from dataclasses import dataclass, field
-
-import torch
+from dataclasses import dataclass
 
 from .errors import Wan22InputError
-from .logs import quiet_cache_dit
+from .experts import ROLE_WORDS, ROLES
 
-ROLES = ("high", "low")
+CALIBRATORS = ("none", "taylorseer")
 
 
 @dataclass(frozen=True)
 class ExpertCacheSettings:
-    warmup_steps: int  # steps computed in full before caching may start
+    warmup_steps: int  # evaluations computed in full before caching may start
     max_cached_steps: int  # -1: no limit; 0: never cache on this expert
 
 
 @dataclass(frozen=True)
 class CachePlan:
-    """What Cache-DiT should do on each expert: printable and comparable, applied in one place."""
+    """What Cache-DiT should do on each expert: printable and comparable, applied in one place. The
+    defaults are the Wan2.2 serving settings: F1 B0 MC3 R0.24; high W4 with no cap, low W2 M20."""
 
     residual_diff_threshold: float = 0.24
     first_compute_blocks: int = 1
@@ -34,9 +34,22 @@ class CachePlan:
     max_continuous_cached_steps: int = 3
     high: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=4, max_cached_steps=-1)
     low: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=2, max_cached_steps=20)
+    calibrator: str = "none"
 
     def settings(self, role: str) -> ExpertCacheSettings:
         return self.high if role == "high" else self.low
+
+    def node_inputs(self) -> dict:
+        """The plan as the Cache-DiT node's inputs (`enabled` aside): where workflows and tests read the
+        defaults from."""
+        values = {"residual_diff_threshold": self.residual_diff_threshold,
+                  "first_compute_blocks": self.first_compute_blocks, "last_compute_blocks": self.last_compute_blocks,
+                  "max_continuous_cached_steps": self.max_continuous_cached_steps}
+        for role in ROLES:
+            values[f"{role}_warmup_steps"] = self.settings(role).warmup_steps
+            values[f"{role}_max_cached_steps"] = self.settings(role).max_cached_steps
+        values["calibrator"] = self.calibrator
+        return values
 
     def check(self, num_layers: int) -> None:
         """Refuses a plan these experts cannot take, naming the Cache-DiT node's input."""
@@ -62,192 +75,141 @@ class CachePlan:
         if self.max_continuous_cached_steps < -1 or self.max_continuous_cached_steps == 0:
             raise Wan22InputError("max_continuous_cached_steps", f"{self.max_continuous_cached_steps}: use -1 for "
                                                                  "no limit, or 1 or more")
+        if self.calibrator not in CALIBRATORS:
+            raise Wan22InputError("calibrator", f"unknown calibrator {self.calibrator!r}: use one of "
+                                                f"{', '.join(CALIBRATORS)}")
 
-    def db_cache_config(self, role: str, num_steps: int | None, separate_cfg: bool):
+    def db_cache_config(self, role: str, evaluations: int | None, separate_cfg: bool):
+        """cache-dit's config for one expert's context. With separate CFG, each evaluation is a pair of
+        transformer calls, the conditional one first (cache-dit's `cfg_compute_first=False`)."""
         from cache_dit import DBCacheConfig
 
         s = self.settings(role)
-        # A full config every time: a `.reset()` config cannot be a base config, and a refresh merges
-        # fields (it cannot set one back to None), so every field is given explicitly.
+        # A full config every time: a `.reset()` config cannot be a base config.
         return DBCacheConfig(Fn_compute_blocks=self.first_compute_blocks, Bn_compute_blocks=self.last_compute_blocks,
                              residual_diff_threshold=self.residual_diff_threshold, max_warmup_steps=s.warmup_steps,
                              warmup_interval=1, max_cached_steps=s.max_cached_steps,
                              max_continuous_cached_steps=self.max_continuous_cached_steps,
-                             enable_separate_cfg=separate_cfg, num_inference_steps=num_steps)
+                             enable_separate_cfg=separate_cfg, cfg_compute_first=False,
+                             num_inference_steps=evaluations)
+
+    def calibrator_config(self):
+        if self.calibrator == "none":
+            return None
+        from cache_dit import TaylorSeerCalibratorConfig
+
+        return TaylorSeerCalibratorConfig(taylorseer_order=1)
 
     def strify(self, role: str) -> str:
-        return self.db_cache_config(role, None, True).strify()
+        text = self.db_cache_config(role, None, True).strify()
+        return text + ("_T1" if self.calibrator == "taylorseer" else "")
 
     def summary(self) -> str:
         return f"high {self.strify('high')}, low {self.strify('low')}"
 
 
-# --- the installed state: lives on the expert modules; this table only remembers which plan put it there ---
+# --- how many transformer evaluations an expert makes in its stage (what its context is sized with) ---
 
-_INSTALLED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[CachePlan, str]]" = weakref.WeakKeyDictionary()
-# What cache-dit sets on a bare module; all of it must be gone after removal.
+# Evaluations per step of ComfyUI's multi-evaluation samplers, read from its k-diffusion code (a test
+# counts them on ComfyUI itself for every sampler it lists). Each makes one evaluation on a last step
+# that ends at sigma 0. Every other sampler makes one evaluation per step.
+EVALUATIONS_PER_STEP = {"heun": 2, "exp_heun_2_x0": 2, "exp_heun_2_x0_sde": 2, "dpm_2": 2, "dpm_2_ancestral": 2,
+                        "dpmpp_2s_ancestral": 2, "dpmpp_2s_ancestral_cfg_pp": 2, "dpmpp_sde": 2, "dpmpp_sde_gpu": 2,
+                        "seeds_2": 2, "seeds_3": 3}
+ONE_PER_STEP = {"euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "lms", "dpm_fast", "dpmpp_2m",
+                "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu",
+                "dpmpp_3m_sde", "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm", "ipndm_v", "deis", "res_multistep",
+                "res_multistep_cfg_pp", "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp",
+                "gradient_estimation", "gradient_estimation_cfg_pp", "er_sde", "sa_solver", "ddim", "uni_pc",
+                "uni_pc_bh2"}
+ADAPTIVE = {"dpm_adaptive"}  # its step sizes follow the model's outputs: no count is known beforehand
+
+
+def evaluations_per_step(sampler: str, stage_sigmas) -> list[int]:
+    """The transformer evaluations of each step of one stage (`stage_sigmas`: its N + 1 sigmas)."""
+    steps = len(stage_sigmas) - 1
+    if sampler in ADAPTIVE:
+        raise Wan22InputError("sampler", f"{sampler} chooses its step sizes from the model's outputs, so nobody can "
+                                         "know beforehand how often it calls each expert, and a Cache-DiT context "
+                                         "must be sized with that: pick a fixed-step sampler (uni_pc, euler, "
+                                         "dpmpp_2m, ...) or turn Cache-DiT off")
+    ends_at_zero = [float(stage_sigmas[i + 1]) == 0.0 for i in range(steps)]
+    if sampler in ONE_PER_STEP:
+        return [1] * steps
+    if sampler in EVALUATIONS_PER_STEP:
+        return [1 if last else EVALUATIONS_PER_STEP[sampler] for last in ends_at_zero]
+    if sampler == "heunpp2":  # three, two on the stage's second-to-last step, one on its last
+        return [min(3, steps - i) for i in range(steps)]
+    if sampler == "sa_solver_pece":  # predict-evaluate-correct-evaluate: one on the first step, two after
+        return [1 if i == 0 else 2 for i in range(steps)]
+    raise Wan22InputError("sampler", f"the pack does not know how many transformer calls {sampler} makes per "
+                                     "step, so it cannot size the Cache-DiT contexts: pick one of ComfyUI's own "
+                                     "samplers or turn Cache-DiT off")
+
+
+def needs_uncond(cfg: float, sampler: str) -> bool:
+    """Whether ComfyUI evaluates the negative prompt: at a CFG scale other than 1, and always for the
+    CFG++ samplers (they read the unconditional prediction)."""
+    return cfg != 1.0 or sampler.endswith("_cfg_pp")
+
+
+def skippable_steps(plan: CachePlan, role: str, evaluations: int) -> int:
+    """The most evaluations the cache can serve on one expert in a stage of `evaluations`: its warm-up is
+    always computed, and `max_cached_steps` caps the rest. At 4-step LoRA runs this is usually 0."""
+    s = plan.settings(role)
+    could = max(0, evaluations - s.warmup_steps)
+    return could if s.max_cached_steps < 0 else min(could, s.max_cached_steps)
+
+
+def skip_note(plan: CachePlan, role: str, evaluations: int) -> str:
+    """A plain sentence on what the cache can do for one expert in this run."""
+    could, warm = skippable_steps(plan, role, evaluations), plan.settings(role).warmup_steps
+    if could == 0:
+        return (f"the cache can skip none of the {ROLE_WORDS[role]} expert's {evaluations} steps: its first {warm} "
+                f"are warm-up, computed in full (lower {role}_warmup_steps, or leave Cache-DiT off at so few steps)")
+    return f"the cache can skip at most {could} of the {ROLE_WORDS[role]} expert's {evaluations} steps"
+
+
+# --- cache-dit's own state on a module ---
+
+# What cache-dit sets on a module it caches; none of it may be left after the stage.
 CACHE_DIT_ATTRIBUTES = ("_original_forward", "_context_manager", "_context_names", "_is_cached",
                         "_forward_pattern", "_has_separate_cfg", "_context_kwargs", "forward")
 
 
-def is_cached(module: torch.nn.Module) -> bool:
-    from cache_dit.caching.block_adapters import BlockAdapter
-
-    return bool(BlockAdapter.is_cached(module))
-
-
-def install(module: torch.nn.Module, plan: CachePlan, role: str) -> None:
-    """Cache-DiT on one expert as a bare module with its own context manager: no pipeline class is
-    patched (pipeline-level enabling patches WanPipeline for the whole process and crashes without a
-    high-noise expert)."""
-    import cache_dit
-
-    with quiet_cache_dit():
-        cache_dit.enable_cache(module, cache_config=plan.db_cache_config(role, None, True))
-    _INSTALLED[module] = (plan, role)
-
-
-def remove(module: torch.nn.Module) -> None:
-    """Unhooks one expert completely: the output is then bit-identical to a never-cached module."""
-    import cache_dit
-
-    if is_cached(module):
-        with quiet_cache_dit():
-            cache_dit.disable_cache(module)
-    # disable_cache restores forward as an instance attribute bound to the class's own forward: drop it
-    # so the module is exactly as it was loaded.
-    forward = vars(module).get("forward")
-    if forward is not None and getattr(forward, "__func__", None) is type(module).forward:
-        del module.forward
-    _INSTALLED.pop(module, None)
-
-
-def leftovers(module: torch.nn.Module) -> list[str]:
-    """Any trace of cache-dit on a module and its sub-modules (empty when removal was clean)."""
-    found = [f"{name or '<expert>'}.{attr}" for name, sub in module.named_modules() for attr in CACHE_DIT_ATTRIBUTES
-             if attr in vars(sub)]
-    found += [f"{name}:hooks" for name, sub in module.named_modules() if sub._forward_hooks or sub._forward_pre_hooks]
-    if module in _INSTALLED:
-        found.append("<registry>")
-    return found
-
-
-def loaded_targets(experts) -> dict[str, torch.nn.Module]:
-    """The cache targets: the experts that are actually loaded."""
-    return {role: module for role, module in (("high", experts.high_noise), ("low", experts.low_noise))
-            if module is not None}
-
-
-def reconcile(experts) -> None:
-    """Makes what is installed on each loaded expert match the handle's plan (install, re-install, remove)."""
-    plan = experts.cache_plan
-    for role, module in loaded_targets(experts).items():
-        if plan is None:
-            if is_cached(module) or module in _INSTALLED:
-                remove(module)
-        elif _INSTALLED.get(module) != (plan, role) or not is_cached(module):
-            remove(module)
-            install(module, plan, role)
-
-
-def refresh(experts, split: tuple[int, int], cfg_scales: dict[str, float]) -> dict[str, str]:
-    """Sizes each cached expert's context with its steps in this run; returns the config strings.
-
-    Refreshing before every run (also after a cancelled one) is what keeps runs repeatable: without
-    it the automatic reset fires one call late and the next run starts from the last run's residual.
-    An expert with no steps in this run is neither refreshed nor run.
-    """
-    import cache_dit
-
-    plan = experts.cache_plan
-    configs = {}
-    if plan is None:
-        return configs
-    steps = dict(zip(ROLES, split))
-    for role, module in loaded_targets(experts).items():
-        if steps[role] == 0:
-            continue
-        # Separate CFG only when this expert really runs a negative pass: otherwise warm-up lasts twice
-        # as long and the statistics never close.
-        config = plan.db_cache_config(role, steps[role], separate_cfg=cfg_scales[role] != 1.0)
-        with quiet_cache_dit():
-            cache_dit.refresh_context(module, cache_config=config)
-        configs[role] = config.strify()
-    return configs
-
-
-def context_sizes(module: torch.nn.Module) -> list[int | None]:
-    """The step counts of the contexts cache-dit holds on a module, read from cache-dit itself."""
+def context_sizes(module) -> list[int | None]:
+    """The evaluation counts of the contexts cache-dit holds on a module, read from cache-dit itself."""
     manager = getattr(module, "_context_manager", None)
     if manager is None:
         return []
     return [manager.get_context(name).cache_config.num_inference_steps for name in module._context_names]
 
 
-@dataclass
-class BlockCounter:
-    """Counts transformer block calls per expert during a run (hooks removed when it ends)."""
-
-    counts: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})
-
-    @contextlib.contextmanager
-    def counting(self, experts):
-        handles = []
-        for role, module in loaded_targets(experts).items():
-            def hook(_module, _args, _output, role=role):
-                self.counts[role] += 1
-            handles += [block.register_forward_hook(hook) for block in module.blocks]
-        try:
-            yield self
-        finally:
-            for handle in handles:
-                handle.remove()
+def leftovers(module) -> list[str]:
+    """Any trace of cache-dit (or of a hook) on a module and its sub-modules: empty after a clean stage."""
+    found = [f"{name or '<model>'}.{attr}" for name, sub in module.named_modules() for attr in CACHE_DIT_ATTRIBUTES
+             if attr in vars(sub)]
+    found += [f"{name or '<model>'}:hooks" for name, sub in module.named_modules()
+              if sub._forward_hooks or sub._forward_pre_hooks]
+    return found
 
 
-def skippable_steps(plan: CachePlan, role: str, steps: int) -> int:
-    """The most steps the cache can serve on one expert in a run of `steps` steps: its warm-up steps
-    are always computed, and `max_cached_steps` caps the rest. At 4-step LoRA runs this is usually 0."""
-    s = plan.settings(role)
-    could = max(0, steps - s.warmup_steps)
-    return could if s.max_cached_steps < 0 else min(could, s.max_cached_steps)
-
-
-def skip_note(plan: CachePlan, role: str, steps: int) -> str:
-    """A plain sentence on what the cache can do for one expert in this run."""
-    could, warm = skippable_steps(plan, role, steps), plan.settings(role).warmup_steps
-    if could == 0:
-        return (f"the cache can skip none of the {role}-noise expert's {steps} steps: its first {warm} are warm-up, "
-                f"computed in full (lower {role}_warmup_steps, or leave Cache-DiT off at so few steps)")
-    return f"the cache can skip at most {could} of the {role}-noise expert's {steps} steps"
-
-
-def statistics(experts, configs: dict[str, str], forwards: dict[str, int], block_calls: dict[str, int],
-               split: tuple[int, int]) -> dict:
-    """Per loaded expert: block forwards against a run without cache and, where it was cached in this
-    run, cache-dit's own summary (cached steps per pass, residual differences against the threshold)
-    and how many steps the plan could skip at most."""
-    import cache_dit
-
-    plan = experts.cache_plan
-    steps = dict(zip(ROLES, split))
-    stats = {}
-    for role, module in loaded_targets(experts).items():
-        layers = len(module.blocks)
-        entry = {"block_forwards": block_calls[role], "block_forwards_without_cache": forwards[role] * layers}
-        if role in configs:
-            summaries = [s for s in cache_dit.summary(module, details=False, logging=False) if s.cache_options]
-            summary = summaries[0] if summaries else None
-            entry.update({
-                "config": configs[role],
-                "context_steps": context_sizes(module),
-                "cached_steps": sorted(int(s) for s in (summary.cached_steps if summary else [])),
-                "cfg_cached_steps": sorted(int(s) for s in (summary.cfg_cached_steps if summary else [])),
-                "residual_diffs": {str(k): round(float(v), 5)
-                                   for k, v in (summary.residual_diffs if summary else {}).items()},
-                "threshold": plan.residual_diff_threshold,
-                "blocks_skipped_per_cached_forward": layers - plan.first_compute_blocks - plan.last_compute_blocks,
-                "skippable_steps": skippable_steps(plan, role, steps[role]),
-                "note": skip_note(plan, role, steps[role]),
-            })
-        stats[role] = entry
-    return stats
+def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: int, calls: int, block_forwards: int,
+               layers: int) -> dict:
+    """One cached expert's entry in the report: cache-dit's own summary of its context (cached
+    evaluations per pass, residual differences against the threshold), the blocks really run against
+    a run without cache, and how much the plan could skip at most."""
+    return {
+        "config": config,
+        "calibrator": plan.calibrator,
+        "evaluations": evaluations,
+        "block_forwards": block_forwards,
+        "block_forwards_without_cache": calls * layers,
+        "cached_steps": sorted(int(s) for s in (summary.cached_steps if summary else [])),
+        "cfg_cached_steps": sorted(int(s) for s in (summary.cfg_cached_steps if summary else [])),
+        "residual_diffs": {str(k): round(float(v), 5) for k, v in (summary.residual_diffs if summary else {}).items()},
+        "threshold": plan.residual_diff_threshold,
+        "blocks_skipped_per_cached_forward": layers - plan.first_compute_blocks - plan.last_compute_blocks,
+        "skippable_steps": skippable_steps(plan, role, evaluations),
+        "note": skip_note(plan, role, evaluations),
+    }

@@ -1,43 +1,77 @@
-"""The run report: what the run did, as JSON for people and for workflows."""
+"""What a run did (the record the sampler fills in) and the report made of it, as JSON for people and
+for workflows."""
 
 from __future__ import annotations
 
-from .denoise import RunRecord
-from .experts import Wan22Experts
-from .schedule import Wan22Schedule
+from dataclasses import dataclass, field
+
+from .experts import ROLES, Wan22Experts
+from .schedule import RunSchedule
 
 
-def build_report(experts: Wan22Experts, schedule: Wan22Schedule, record: RunRecord, *, seed: int,
-                 cfg_high: float, cfg_low: float, device_moves: list | None = None) -> dict:
-    stage = record.stage_seconds()
+@dataclass
+class StepRecord:
+    index: int
+    sigma: float  # the sigma the step starts from
+    expert: str  # "high" | "low"
+    evaluations: int = 1  # transformer evaluations the sampler makes in this step
+
+
+@dataclass
+class RunRecord:
+    """The raw material of the report and the timeline, per expert where it says so."""
+
+    split: tuple[int, int]
+    steps: list[StepRecord] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})  # transformer calls
+    passes: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})  # cond/uncond passes in them
+    seconds: dict[str, float] = field(default_factory=lambda: {r: 0.0 for r in ROLES})
+    cache: dict = field(default_factory=dict)  # per cached expert: cache-dit's statistics
+
+    def cached_flags(self) -> list[bool]:
+        """Per run step: whether the cache served (one of) its evaluations. cache-dit counts evaluations per
+        context, i.e. per expert, so expert-local evaluation indices are mapped back to run steps."""
+        flags, local = [], {role: 0 for role in ROLES}
+        for step in self.steps:
+            cached = set(self.cache.get(step.expert, {}).get("cached_steps", []))
+            first = local[step.expert]
+            flags.append(any(e in cached for e in range(first, first + step.evaluations)))
+            local[step.expert] += step.evaluations
+        return flags
+
+
+def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord, *, seed: int,
+                 cfg: dict[str, float]) -> dict:
     return {
         "sampler": schedule.sampler,
+        "scheduler": schedule.scheduler,
         "steps": schedule.steps,
         "flow_shift": schedule.flow_shift,
         "boundary_ratio": schedule.boundary.ratio,
         "boundary_source": schedule.boundary.source,
         "split": {"high": record.split[0], "low": record.split[1]},
-        "experts": {"high": experts.sources[0], "low": experts.sources[1]},
-        "loras": {role: [use.describe() for use in experts.loras if use.role == role] for role in ("high", "low")},
+        "sigmas": [round(s, 6) for s in schedule.sigmas],
+        "experts": dict(zip(ROLES, experts.sources)),
+        "loras": {role: [n.describe() for n in experts.loras if n.role == role] for role in ROLES},
         "seed": int(seed),
-        "cfg": {"high": float(cfg_high), "low": float(cfg_low)},
-        "wall_seconds": {"high": stage["high"], "low": stage["low"], "total": round(stage["high"] + stage["low"], 4)},
-        "forward_passes": record.forwards(),
+        "cfg": {role: float(cfg[role]) for role in ROLES},
+        "wall_seconds": {**record.seconds, "total": round(sum(record.seconds.values()), 4)},
+        "transformer_calls": dict(record.calls),
+        "forward_passes": dict(record.passes),
         "expert_per_step": [s.expert for s in record.steps],
-        "device_moves": device_moves or [],
         "cache": {"plan": experts.cache_plan.summary() if experts.cache_plan else None, **record.cache},
     }
 
 
 def summary_line(report: dict) -> str:
-    split, passes, wall = report["split"], report["forward_passes"], report["wall_seconds"]
-    lines = [f"{split['high']} high / {split['low']} low steps; forwards {passes['high']} / {passes['low']}; "
-             f"{wall['total']:.1f} s"]
-    for role in ("high", "low"):
+    split, calls, wall = report["split"], report["transformer_calls"], report["wall_seconds"]
+    lines = [f"{split['high']} high / {split['low']} low steps ({report['sampler']}/{report['scheduler']}); "
+             f"transformer calls {calls['high']} / {calls['low']}; {wall['total']:.1f} s"]
+    for role in ROLES:
         loras = report.get("loras", {}).get(role, [])
         if loras:
             lines.append(f"LoRA {role}: " + ", ".join(f"{u['file']} x{u['strength']:g}" for u in loras))
-    for role in ("high", "low"):
+    for role in ROLES:
         stats = report["cache"].get(role)
         if stats and "cached_steps" in stats:
             done, full = stats["block_forwards"], stats["block_forwards_without_cache"]

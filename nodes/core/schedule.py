@@ -1,8 +1,8 @@
-"""Samplers, boundary resolution and the high/low split of a Wan2.2 A14B run.
+"""The boundary and the high/low split of a Wan2.2 A14B run, counted from the sigmas the run steps through.
 
-The split is counted from the very scheduler object that the denoising loop steps through
-(`Wan22Schedule.new_scheduler`), with the one routing rule `Boundary.routes_high`; nothing
-computes the schedule a second way.
+The sigmas are ComfyUI's own (its scheduler, with the flow shift applied as ModelSamplingSD3 applies it);
+the glue computes them once and the sampler steps through exactly those. This module counts the split
+from them with one routing rule, `Boundary.routes_high`, so nothing computes the schedule a second way.
 """
 
 from __future__ import annotations
@@ -10,61 +10,39 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
-
 from .errors import Wan22InputError
-
-NUM_TRAIN_TIMESTEPS = 1000
-
-# Official Wan2.2 A14B boundaries, by task (text-to-video, image-to-video).
-DEFAULT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900}
-
-
-def _unipc(flow_shift: float):
-    return UniPCMultistepScheduler(num_train_timesteps=NUM_TRAIN_TIMESTEPS, prediction_type="flow_prediction",
-                                   use_flow_sigmas=True, flow_shift=flow_shift)
-
-
-def _euler(flow_shift: float):
-    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=NUM_TRAIN_TIMESTEPS, shift=flow_shift)
-
-
-def _dpmpp(flow_shift: float):
-    return DPMSolverMultistepScheduler(num_train_timesteps=NUM_TRAIN_TIMESTEPS, prediction_type="flow_prediction",
-                                       use_flow_sigmas=True, flow_shift=flow_shift)
-
-
-# name -> factory(flow_shift) of a diffusers scheduler. "unipc" is what the official Wan2.2 code uses.
-SAMPLERS = {"unipc": _unipc, "euler": _euler, "dpmpp": _dpmpp}
 
 BOUNDARY_MODES = ("auto", "custom")
 MAX_STEPS = 1000
+DEFAULT_SAMPLER, DEFAULT_SCHEDULER = "uni_pc", "simple"
+# Workflows saved before the pack ran ComfyUI's own samplers name diffusers' schedulers; each maps to
+# the ComfyUI sampler of the same method (with the `simple` scheduler, the flow-matching sigmas).
+OLD_SAMPLERS = {"unipc": "uni_pc", "euler": "euler", "dpmpp": "dpmpp_2m"}
 
 
 @dataclass(frozen=True)
 class Boundary:
     """Where the run switches experts, and why.
 
-    `ratio` is None when the loaded experts pin the route (only one expert loaded): then every step
-    goes to that expert, whatever the timestep. Routing never compares against a ratio in that case,
-    because Euler's first timestep is 1000.0 and would ask a low-noise-only run for the missing expert.
-    """
+    `ratio` is None when the loaded experts pin the route (only one expert loaded): every step then goes
+    to that expert whatever its sigma, so a low-noise-only run never asks for the missing expert at
+    sigma 1.0."""
 
     ratio: float | None
     source: str  # "low_noise_only" | "high_noise_only" | "custom" | "model_default"
 
-    def routes_high(self, timestep: float) -> bool:
-        """The rule that picks the expert for one timestep; the split is counted with it too."""
+    def routes_high(self, sigma: float) -> bool:
+        """The rule that picks the expert of a step from its sigma; the split is counted with it."""
         if self.source == "low_noise_only":
             return False
         if self.source == "high_noise_only":
             return True
-        return float(timestep) >= self.ratio * NUM_TRAIN_TIMESTEPS
+        return float(sigma) >= self.ratio
 
 
 def resolve_boundary(*, has_high: bool, has_low: bool, model_default: float,
                      custom_ratio: float | None = None) -> Boundary:
-    """Boundary precedence: loaded experts pin it -> this run's custom boundary -> the model default."""
+    """Boundary precedence: the loaded experts pin it -> this run's custom boundary -> the model default."""
     if not has_high and not has_low:
         raise Wan22InputError("experts", "no expert is loaded: load at least one of the two experts")
     if has_low and not has_high:
@@ -76,10 +54,19 @@ def resolve_boundary(*, has_high: bool, has_low: bool, model_default: float,
     return Boundary(float(model_default), "model_default")
 
 
-def check_schedule_inputs(sampler=None, steps=None, flow_shift=None, boundary=None, boundary_ratio=None) -> None:
+def sampler_name(name, samplers) -> str:
+    """The ComfyUI sampler a `sampler` value means: one of `samplers`, or an old value mapped onto one."""
+    if name not in samplers:
+        name = OLD_SAMPLERS.get(name, name)
+    if name not in samplers:
+        raise Wan22InputError("sampler", f"unknown sampler {name!r}: use one of ComfyUI's KSampler samplers "
+                                         "(uni_pc, euler, dpmpp_2m, ...)")
+    return name
+
+
+def check_schedule_inputs(*, steps=None, flow_shift=None, boundary=None, boundary_ratio=None, scheduler=None,
+                          schedulers=()) -> None:
     """Refuses out-of-range values before anything runs. None means "not known yet" (a linked input)."""
-    if sampler is not None and sampler not in SAMPLERS:
-        raise Wan22InputError("sampler", f"unknown sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
     if steps is not None and not (1 <= int(steps) <= MAX_STEPS):
         raise Wan22InputError("steps", f"{steps} is out of range: use between 1 and {MAX_STEPS} steps")
     if flow_shift is not None and not (math.isfinite(float(flow_shift)) and float(flow_shift) > 0):
@@ -88,38 +75,34 @@ def check_schedule_inputs(sampler=None, steps=None, flow_shift=None, boundary=No
     if boundary is not None and boundary not in BOUNDARY_MODES:
         raise Wan22InputError("boundary", f"unknown mode {boundary!r}: use 'auto' or 'custom'")
     if boundary_ratio is not None and not (0.0 <= float(boundary_ratio) <= 1.0):
-        raise Wan22InputError("boundary_ratio", f"{boundary_ratio} is outside [0, 1]: use a fraction of the "
-                                                "1000 training timesteps, e.g. 0.875")
+        raise Wan22InputError("boundary_ratio", f"{boundary_ratio} is outside [0, 1]: the boundary is a sigma "
+                                                "(a fraction of the 1000 training timesteps), e.g. 0.875")
+    if scheduler is not None and scheduler not in schedulers:
+        raise Wan22InputError("scheduler", f"unknown scheduler {scheduler!r}: use one of {', '.join(schedulers)}")
 
 
-def make_scheduler(sampler: str, steps: int, flow_shift: float, device=None):
-    """A fresh diffusers scheduler with its timesteps set: the one object a run counts and steps with."""
-    check_schedule_inputs(sampler=sampler, steps=steps, flow_shift=flow_shift)
-    scheduler = SAMPLERS[sampler](float(flow_shift))
-    scheduler.set_timesteps(int(steps), device=device)
-    # UniPC and DPM++ round timesteps to integers, so long high-shift schedules repeat one (120 steps at
-    # shift 12 start 999, 999). Left alone, the scheduler looks the first timestep up, lands on its
-    # second occurrence and runs off the end of the schedule; the loop always starts at step 0.
-    scheduler.set_begin_index(0)
-    return scheduler
+def count_split(sigmas, boundary: Boundary) -> tuple[int, int]:
+    """(high-noise steps, low-noise steps) of a run through `sigmas` (one per step, then the final one).
 
-
-def count_split(timesteps, boundary: Boundary) -> tuple[int, int]:
-    """(high-noise steps, low-noise steps) of these timesteps under this boundary."""
-    high = sum(1 for t in timesteps if boundary.routes_high(t))
-    return high, len(timesteps) - high
+    The high-noise expert takes the steps from the start while their sigma is at or above the boundary;
+    the low-noise expert takes the rest."""
+    steps = len(sigmas) - 1
+    high = 0
+    while high < steps and boundary.routes_high(sigmas[high]):
+        high += 1
+    return high, steps - high
 
 
 @dataclass(frozen=True)
-class Wan22Schedule:
+class RunSchedule:
     """The WAN22_SCHEDULE handle: what one run will do, as a value."""
 
     sampler: str
+    scheduler: str
     steps: int
     flow_shift: float
     boundary: Boundary
-    timesteps: tuple[float, ...]
-    sigmas: tuple[float, ...]
+    sigmas: tuple[float, ...]  # one per step, then the final sigma (0)
     split: tuple[int, int]
     has_high: bool
     has_low: bool
@@ -133,36 +116,35 @@ class Wan22Schedule:
     def low_steps(self) -> int:
         return self.split[1]
 
-    def new_scheduler(self, device=None):
-        """A fresh scheduler for the denoising loop, checked to give this schedule's timesteps."""
-        scheduler = make_scheduler(self.sampler, self.steps, self.flow_shift, device)
-        if tuple(float(t) for t in scheduler.timesteps) != self.timesteps:
-            raise RuntimeError("the scheduler no longer gives the timesteps this schedule was built with")
-        return scheduler
+    def stage_sigmas(self, role: str) -> tuple[float, ...]:
+        """The sigmas of one expert's stage, as ComfyUI's SplitSigmas cuts them at the switch."""
+        switch = self.high_steps
+        return self.sigmas[: switch + 1] if role == "high" else self.sigmas[switch:]
+
+    def expert_per_step(self) -> list[str]:
+        return ["high"] * self.high_steps + ["low"] * self.low_steps
 
     def summary(self) -> str:
         ratio = "pinned" if self.boundary.ratio is None else f"{self.boundary.ratio:g}"
-        return (f"{self.sampler}, {self.steps} steps, shift {self.flow_shift:g}, boundary {ratio} "
+        return (f"{self.sampler}/{self.scheduler}, {self.steps} steps, shift {self.flow_shift:g}, boundary {ratio} "
                 f"({self.boundary.source}): {self.high_steps} high / {self.low_steps} low")
 
     def to_dict(self) -> dict:
-        return {
-            "sampler": self.sampler, "steps": self.steps, "flow_shift": self.flow_shift,
-            "boundary_ratio": self.boundary.ratio, "boundary_source": self.boundary.source,
-            "split": {"high": self.high_steps, "low": self.low_steps},
-            "timesteps": list(self.timesteps),
-        }
+        return {"sampler": self.sampler, "scheduler": self.scheduler, "steps": self.steps,
+                "flow_shift": self.flow_shift, "boundary_ratio": self.boundary.ratio,
+                "boundary_source": self.boundary.source, "split": {"high": self.high_steps, "low": self.low_steps},
+                "sigmas": [round(s, 6) for s in self.sigmas]}
 
 
-def build_schedule(*, sampler: str, steps: int, flow_shift: float, has_high: bool, has_low: bool,
-                   model_default: float, custom_ratio: float | None = None) -> Wan22Schedule:
-    """Resolves the boundary and counts the split from a real scheduler."""
-    check_schedule_inputs(sampler=sampler, steps=steps, flow_shift=flow_shift, boundary_ratio=custom_ratio)
+def build_schedule(*, sampler: str, scheduler: str, steps: int, flow_shift: float, sigmas, has_high: bool,
+                   has_low: bool, model_default: float, custom_ratio: float | None = None) -> RunSchedule:
+    """Resolves the boundary and counts the split from the run's own sigmas."""
+    check_schedule_inputs(steps=steps, flow_shift=flow_shift, boundary_ratio=custom_ratio)
+    sigmas = tuple(float(s) for s in sigmas)
+    if len(sigmas) != int(steps) + 1:
+        raise ValueError(f"{len(sigmas)} sigmas for {steps} steps: a run has one sigma per step and a final one")
     boundary = resolve_boundary(has_high=has_high, has_low=has_low, model_default=model_default,
                                 custom_ratio=custom_ratio)
-    scheduler = make_scheduler(sampler, steps, flow_shift)
-    timesteps = tuple(float(t) for t in scheduler.timesteps)
-    sigmas = tuple(float(s) for s in scheduler.sigmas)
-    return Wan22Schedule(sampler=sampler, steps=int(steps), flow_shift=float(flow_shift), boundary=boundary,
-                         timesteps=timesteps, sigmas=sigmas, split=count_split(timesteps, boundary),
-                         has_high=has_high, has_low=has_low, model_default=float(model_default))
+    return RunSchedule(sampler=sampler, scheduler=scheduler, steps=int(steps), flow_shift=float(flow_shift),
+                       boundary=boundary, sigmas=sigmas, split=count_split(sigmas, boundary), has_high=has_high,
+                       has_low=has_low, model_default=float(model_default))

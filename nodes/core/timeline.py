@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from .denoise import RunRecord
-from .schedule import Wan22Schedule
+from .report import RunRecord
+from .schedule import RunSchedule
 
 COLOURS = {"high": (232, 139, 44), "low": (66, 135, 245)}
 BACKGROUND, AXIS, TEXT, BOUNDARY = (24, 24, 28), (90, 90, 100), (225, 225, 230), (230, 80, 80)
 
 
-def render_timeline(schedule: Wan22Schedule, record: RunRecord, width: int = 768, height: int = 300) -> np.ndarray:
+def render_timeline(schedule: RunSchedule, record: RunRecord, width: int = 768, height: int = 300) -> np.ndarray:
     """An RGB uint8 image [H, W, 3] a person reads at a glance."""
     image = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(image)
@@ -29,13 +29,13 @@ def render_timeline(schedule: Wan22Schedule, record: RunRecord, width: int = 768
 
     high, low = record.split
     ratio = "pinned" if schedule.boundary.ratio is None else f"{schedule.boundary.ratio:g}"
-    draw.text((left, 8), f"{schedule.sampler}, {schedule.steps} steps, shift {schedule.flow_shift:g}, boundary "
+    draw.text((left, 8), f"{schedule.sampler}/{schedule.scheduler}, {schedule.steps} steps, shift {schedule.flow_shift:g}, boundary "
                          f"{ratio} ({schedule.boundary.source}): {high} high / {low} low", fill=TEXT, font=font)
     draw.line([(left, top), (left, plot_bottom), (right, plot_bottom)], fill=AXIS)
     for s in (0.0, 0.5, 1.0):
         draw.text((8, y_of(s) - 6), f"{s:.1f}", fill=TEXT, font=font)
     draw.text((8, top - 16), "sigma", fill=TEXT, font=font)
-    if schedule.boundary.ratio is not None:  # flow matching: t = sigma x 1000, so the boundary is a sigma
+    if schedule.boundary.ratio is not None:
         y = y_of(schedule.boundary.ratio)
         for x in range(left, right, 8):
             draw.line([(x, y), (min(x + 4, right), y)], fill=BOUNDARY)

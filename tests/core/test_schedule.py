@@ -1,4 +1,5 @@
-"""The split, boundary precedence and input checks, on diffusers' real schedulers (no ComfyUI)."""
+"""The boundary, its precedence and the split counted from a run's sigmas (no ComfyUI: the sigmas are
+given here; ComfyUI's own are checked in tests/in_comfyui)."""
 
 import math
 
@@ -7,53 +8,37 @@ import pytest
 from wan22_cachedit.nodes.core import schedule as S
 from wan22_cachedit.nodes.core.errors import Wan22InputError
 
-
-def split_of(sampler, steps, shift, boundary, has_high=True, has_low=True, custom=None):
-    return S.build_schedule(sampler=sampler, steps=steps, flow_shift=shift, has_high=has_high, has_low=has_low,
-                            model_default=boundary, custom_ratio=custom).split
+# euler/simple at 4 steps, shift 5: ComfyUI's template's (and LightX2V's) sigmas.
+LIGHTX2V = (1.0, 0.9375, 0.8333, 0.625, 0.0)
 
 
-@pytest.mark.parametrize("sampler,steps,shift,boundary,expected", [
-    ("unipc", 40, 5.0, 0.875, (17, 23)),
-    ("unipc", 40, 12.0, 0.875, (26, 14)),
-    ("unipc", 40, 5.0, 0.900, (15, 25)),
-    ("euler", 40, 5.0, 0.900, (14, 26)),
-    ("unipc", 20, 12.0, 0.875, (13, 7)),
-    ("unipc", 40, 3.0, 0.875, (13, 27)),
-    ("euler", 40, 3.0, 0.875, (12, 28)),
-    ("dpmpp", 40, 3.0, 0.875, (12, 28)),
-    ("unipc", 1, 5.0, 0.875, (1, 0)),
-    ("euler", 1, 12.0, 0.875, (1, 0)),
-    ("dpmpp", 1, 8.0, 0.875, (1, 0)),
-])
-def test_split_matches_the_measured_vectors(sampler, steps, shift, boundary, expected):
-    assert split_of(sampler, steps, shift, boundary) == expected
+def schedule_of(sigmas, has_high=True, has_low=True, default=0.875, custom=None, sampler="euler"):
+    return S.build_schedule(sampler=sampler, scheduler="simple", steps=len(sigmas) - 1, flow_shift=5.0,
+                            sigmas=sigmas, has_high=has_high, has_low=has_low, model_default=default,
+                            custom_ratio=custom)
 
 
-@pytest.mark.parametrize("sampler", list(S.SAMPLERS))
-@pytest.mark.parametrize("steps", [1, 4, 40])
-def test_low_noise_only_runs_every_step_low_even_where_euler_starts_at_1000(sampler, steps):
-    schedule = S.build_schedule(sampler=sampler, steps=steps, flow_shift=5.0, has_high=False, has_low=True,
-                                model_default=0.875, custom_ratio=1.0)
-    assert schedule.split == (0, steps)
-    assert schedule.boundary == S.Boundary(None, "low_noise_only")
-    assert not any(schedule.boundary.routes_high(t) for t in schedule.timesteps)
+def test_a_step_is_high_noise_while_its_sigma_is_at_or_above_the_boundary():
+    assert schedule_of(LIGHTX2V).split == (2, 2)  # 0.9375 >= 0.875 > 0.8333
+    assert schedule_of(LIGHTX2V, custom=0.9375).split == (2, 2)  # "at" the boundary counts as high
+    assert schedule_of(LIGHTX2V, custom=0.94).split == (1, 3)
+    assert schedule_of(LIGHTX2V, custom=0.8).split == (3, 1)
 
 
-@pytest.mark.parametrize("sampler", list(S.SAMPLERS))
-def test_high_noise_only_runs_every_step_high(sampler):
-    schedule = S.build_schedule(sampler=sampler, steps=30, flow_shift=5.0, has_high=True, has_low=False,
-                                model_default=0.875, custom_ratio=0.0)
-    assert schedule.split == (30, 0)
-    assert schedule.boundary.source == "high_noise_only"
+def test_a_boundary_of_one_or_zero_gives_a_split_with_an_empty_side():
+    assert schedule_of(LIGHTX2V, custom=1.0).split == (1, 3)  # sigma 1.0 is at the boundary
+    assert schedule_of((0.99, 0.5, 0.0), custom=1.0).split == (0, 2)  # a run that starts below 1.0
+    assert schedule_of(LIGHTX2V, custom=0.0).split == (4, 0)
+    assert schedule_of((1.0, 0.0)).split == (1, 0)  # one step starts at sigma 1.0
 
 
-def test_euler_first_timestep_is_1000_so_a_ratio_of_one_still_routes_it_high():
-    # The trap that makes pinning necessary: comparing 1000.0 >= 1.0 * 1000 says "high".
-    assert S.make_scheduler("euler", 10, 5.0).timesteps[0] == 1000.0
-    assert split_of("euler", 10, 5.0, 0.875, custom=1.0) == (1, 9)
-    assert split_of("unipc", 10, 5.0, 0.875, custom=1.0) == (0, 10)
-    assert split_of("unipc", 10, 5.0, 0.875, custom=0.0) == (10, 0)
+@pytest.mark.parametrize("custom", [None, 0.0, 1.0, 0.5])
+def test_one_expert_alone_pins_every_step_whatever_the_boundary(custom):
+    low = schedule_of(LIGHTX2V, has_high=False, custom=custom)
+    assert low.split == (0, 4) and low.boundary == S.Boundary(None, "low_noise_only")
+    assert not any(low.boundary.routes_high(s) for s in LIGHTX2V)  # sigma 1.0 never asks for the missing expert
+    high = schedule_of(LIGHTX2V, has_low=False, custom=custom)
+    assert high.split == (4, 0) and high.boundary.source == "high_noise_only"
 
 
 def test_boundary_precedence_pinned_then_custom_then_model_default():
@@ -66,20 +51,31 @@ def test_boundary_precedence_pinned_then_custom_then_model_default():
         r(has_high=False, has_low=False, model_default=0.9)
 
 
+def test_each_stage_steps_through_its_side_of_the_switch_as_split_sigmas_cuts_it():
+    schedule = schedule_of(LIGHTX2V)
+    assert schedule.stage_sigmas("high") == (1.0, 0.9375, 0.8333)
+    assert schedule.stage_sigmas("low") == (0.8333, 0.625, 0.0)
+    assert schedule.expert_per_step() == ["high", "high", "low", "low"]
+    all_low = schedule_of(LIGHTX2V, has_high=False)
+    assert all_low.stage_sigmas("high") == (1.0,) and all_low.stage_sigmas("low") == LIGHTX2V
+
+
 def test_successive_schedules_with_different_boundaries_do_not_influence_each_other():
-    splits = [split_of("unipc", 40, 12.0, 0.875, custom=c) for c in (0.95, None, 0.8, None)]
-    assert splits[1] == splits[3] == (26, 14)
-    assert splits[0] != splits[1] != splits[2]
-    assert splits[0] == split_of("unipc", 40, 12.0, 0.875, custom=0.95)
+    splits = [schedule_of(LIGHTX2V, custom=c).split for c in (0.95, None, 0.8, None)]
+    assert splits == [(1, 3), (2, 2), (3, 1), (2, 2)]
 
 
-def test_the_loop_scheduler_gives_the_timesteps_the_split_was_counted_from():
-    schedule = S.build_schedule(sampler="unipc", steps=40, flow_shift=12.0, has_high=True, has_low=True,
-                                model_default=0.875)
-    scheduler = schedule.new_scheduler()
-    assert tuple(float(t) for t in scheduler.timesteps) == schedule.timesteps
-    assert S.count_split(scheduler.timesteps, schedule.boundary) == schedule.split == (26, 14)
-    assert scheduler is not schedule.new_scheduler()  # each run steps a fresh scheduler
+@pytest.mark.parametrize("old,new", [("unipc", "uni_pc"), ("euler", "euler"), ("dpmpp", "dpmpp_2m")])
+def test_old_sampler_names_map_onto_comfyuis_samplers(old, new):
+    comfy_samplers = ("euler", "dpmpp_2m", "uni_pc", "heun")
+    assert S.sampler_name(old, comfy_samplers) == new
+    assert S.sampler_name("heun", comfy_samplers) == "heun"
+
+
+def test_an_unknown_sampler_is_refused_naming_the_input():
+    with pytest.raises(Wan22InputError) as e:
+        S.sampler_name("ddim_plus", ("euler", "uni_pc"))
+    assert e.value.input_name == "sampler" and "'ddim_plus'" in str(e.value) and "KSampler samplers" in str(e.value)
 
 
 @pytest.mark.parametrize("kwargs,input_name,fix", [
@@ -90,8 +86,8 @@ def test_the_loop_scheduler_gives_the_timesteps_the_split_was_counted_from():
     ({"flow_shift": math.nan}, "flow_shift", "greater than 0"),
     ({"boundary_ratio": 1.5}, "boundary_ratio", "outside [0, 1]"),
     ({"boundary_ratio": -0.1}, "boundary_ratio", "outside [0, 1]"),
-    ({"sampler": "ddim"}, "sampler", "use one of unipc, euler, dpmpp"),
     ({"boundary": "sometimes"}, "boundary", "use 'auto' or 'custom'"),
+    ({"scheduler": "cosine", "schedulers": ("simple", "beta")}, "scheduler", "use one of simple, beta"),
 ])
 def test_out_of_range_inputs_are_refused_with_the_input_and_the_fix(kwargs, input_name, fix):
     with pytest.raises(Wan22InputError) as e:
@@ -101,12 +97,17 @@ def test_out_of_range_inputs_are_refused_with_the_input_and_the_fix(kwargs, inpu
 
 
 def test_linked_inputs_not_yet_known_are_not_refused():
-    S.check_schedule_inputs(None, None, None, None, None)
+    S.check_schedule_inputs(steps=None, flow_shift=None, boundary=None, boundary_ratio=None, scheduler=None)
+
+
+def test_sigmas_that_do_not_fit_the_steps_are_a_bug_not_a_schedule():
+    with pytest.raises(ValueError, match="one sigma per step and a final one"):
+        S.build_schedule(sampler="euler", scheduler="simple", steps=5, flow_shift=5.0, sigmas=LIGHTX2V, has_high=True,
+                         has_low=True, model_default=0.875)
 
 
 def test_schedule_is_a_printable_comparable_value():
-    a = S.build_schedule(sampler="unipc", steps=20, flow_shift=12.0, has_high=True, has_low=True, model_default=0.875)
-    b = S.build_schedule(sampler="unipc", steps=20, flow_shift=12.0, has_high=True, has_low=True, model_default=0.875)
+    a, b = schedule_of(LIGHTX2V), schedule_of(list(LIGHTX2V))
     assert a == b and hash(a) == hash(b)
-    assert a.summary() == "unipc, 20 steps, shift 12, boundary 0.875 (model_default): 13 high / 7 low"
-    assert a.to_dict()["split"] == {"high": 13, "low": 7}
+    assert a.summary() == "euler/simple, 4 steps, shift 5, boundary 0.875 (model_default): 2 high / 2 low"
+    assert a.to_dict()["split"] == {"high": 2, "low": 2} and a.to_dict()["sigmas"] == list(LIGHTX2V)

@@ -1,28 +1,186 @@
-"""API-format prompts for the pack's nodes, as the ComfyUI prompt queue takes them."""
+"""API-format prompts, as the ComfyUI prompt queue takes them: the pack's graph and the official template's
+native graph (two KSamplerAdvanced) on the same files, with the same node ids throughout.
+
+Our graph: "1" the experts (a loader or the MODEL bridge; UNETLoaders "10"/"11", LoRAs "12"/"13"),
+"2" the schedule, "3" the text, "4" the latent, "5" the sampler, "6" its report, "20" Cache-DiT, "40" LoRA.
+The native graph: the same "3"/"4", UNETLoaders "10"/"11", LoRAs "12"/"13", ModelSamplingSD3 "14"/"15",
+KSamplerAdvanced "16" (0 -> switch, leftover noise) and "17" (switch -> end).
+"""
+
+from wan22_cachedit.nodes.core.cache import CachePlan
+
+TINY_VAE = "wan_2.1_vae.safetensors"
+FINAL = {"ours": "5", "native": "17"}  # the node whose LATENT is the run's result
 
 
-def loader(high="none", low="none", weight_dtype="fp32"):
+def loader(high="none", low="none", weight_dtype="default"):
     return {"class_type": "Wan22ExpertLoader",
             "inputs": {"high_noise_model": high, "low_noise_model": low, "weight_dtype": weight_dtype}}
 
 
-def diffusers_loader(folder, experts="both", weight_dtype="fp32"):
+def diffusers_loader(folder, experts="both", weight_dtype="default"):
     return {"class_type": "Wan22DiffusersExpertLoader",
             "inputs": {"model_folder": folder, "experts": experts, "weight_dtype": weight_dtype}}
 
 
-def schedule(experts_from="1", sampler="unipc", steps=40, flow_shift=12.0, boundary="auto", boundary_ratio=0.875):
+def unet(name, weight_dtype="default"):
+    return {"class_type": "UNETLoader", "inputs": {"unet_name": name, "weight_dtype": weight_dtype}}
+
+
+def native_lora(model_from, name, strength=1.0):
+    return {"class_type": "LoraLoaderModelOnly",
+            "inputs": {"model": [model_from, 0], "lora_name": name, "strength_model": strength}}
+
+
+def bridged(high=None, low=None, loras=None):
+    """UNETLoader(s) -> (LoraLoaderModelOnly) -> Wan2.2 Experts from MODEL, as node "1"."""
+    nodes, inputs = {}, {}
+    for role, name, loader_id, lora_id in (("high", high, "10", "12"), ("low", low, "11", "13")):
+        if name is None:
+            continue
+        nodes[loader_id] = unet(name)
+        source = loader_id
+        if loras and loras.get(role):
+            nodes[lora_id] = native_lora(loader_id, *loras[role])
+            source = lora_id
+        inputs[f"{role}_noise_model"] = [source, 0]
+    nodes["1"] = {"class_type": "Wan22ExpertsFromModel", "inputs": inputs}
+    return nodes
+
+
+def schedule(experts_from="1", sampler="uni_pc", steps=40, flow_shift=12.0, boundary="auto", boundary_ratio=0.875,
+             scheduler="simple"):
     return {"class_type": "Wan22Schedule",
             "inputs": {"experts": [experts_from, 0], "sampler": sampler, "steps": steps, "flow_shift": flow_shift,
-                       "boundary": boundary, "boundary_ratio": boundary_ratio}}
+                       "boundary": boundary, "boundary_ratio": boundary_ratio, "scheduler": scheduler}}
 
 
-def schedule_prompt(loader_node, **schedule_inputs):
-    """Loader -> schedule -> native PreviewAny of high_steps (an output node, so the graph runs)."""
-    return {"1": loader_node, "2": schedule("1", **schedule_inputs),
+def schedule_prompt(experts, **schedule_inputs):
+    """Experts (a node, or a dict of nodes with "1") -> schedule -> PreviewAny of high_steps (an output)."""
+    nodes = experts if "1" in experts else {"1": experts}
+    return {**nodes, "2": schedule("1", **schedule_inputs),
             "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 1]}}}
 
 
 def split_of(result, node="2"):
     s = result.outputs[node]["split"][0]
     return s["high"], s["low"]
+
+
+def cache_node(experts_from="1", **overrides):
+    return {"class_type": "Wan22CacheDiT",
+            "inputs": {"experts": [experts_from, 0], "enabled": True, **CachePlan().node_inputs(), **overrides}}
+
+
+def lora_node(experts_from="1", high="none", low="none", high_strength=1.0, low_strength=1.0):
+    return {"class_type": "Wan22LoraLoader",
+            "inputs": {"experts": [experts_from, 0], "high_noise_lora": high, "high_noise_strength": high_strength,
+                       "low_noise_lora": low, "low_noise_strength": low_strength}}
+
+
+def inputs_of_a_run(text_folder, width=64, height=64, length=5, batch=1, prompt_text="a cat walks in the rain",
+                    negative_text="blurry"):
+    return {"3": {"class_type": "Wan22TextEncode",
+                  "inputs": {"model_folder": text_folder, "prompt": prompt_text, "negative_prompt": negative_text}},
+            "4": {"class_type": "EmptyHunyuanLatentVideo",
+                  "inputs": {"width": width, "height": height, "length": length, "batch_size": batch}}}
+
+
+def our_prompt(experts, text_folder, *, sampler="uni_pc", scheduler="simple", steps=8, flow_shift=12.0, seed=0,
+               cfg=(4.0, 3.0), boundary="auto", boundary_ratio=0.875, cache=None, lora=None, decode=False,
+               save_latent_prefix=None, **run):
+    """`experts`: the node(s) giving "1". `cache` / `lora`: None for no such node, else the node's inputs
+    (LoRA between the experts and the cache)."""
+    p = {**(experts if "1" in experts else {"1": experts}), **inputs_of_a_run(text_folder, **run),
+         "2": schedule("1", sampler=sampler, steps=steps, flow_shift=flow_shift, boundary=boundary,
+                       boundary_ratio=boundary_ratio, scheduler=scheduler),
+         "5": {"class_type": "Wan22TwoStageSampler",
+               "inputs": {"experts": ["1", 0], "schedule": ["2", 0], "positive": ["3", 0], "negative": ["3", 1],
+                          "latent_image": ["4", 0], "seed": seed, "cfg_high": cfg[0], "cfg_low": cfg[1]}},
+         "6": {"class_type": "PreviewAny", "inputs": {"source": ["5", 1]}}}
+    last = "1"
+    if lora is not None:
+        p["40"] = lora_node(last, **lora)
+        last = "40"
+    if cache is not None:
+        p["20"] = cache_node(last, **cache)
+        last = "20"
+    p["5"]["inputs"]["experts"] = [last, 0]
+    if decode:
+        p["7"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
+        p["8"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["7", 0]}}
+        p["9"] = {"class_type": "SaveAnimatedWEBP",
+                  "inputs": {"images": ["8", 0], "filename_prefix": "wan22_test", "fps": 16.0, "lossless": False,
+                             "quality": 80, "method": "default"}}
+        p["19"] = {"class_type": "SaveImage", "inputs": {"images": ["5", 2], "filename_prefix": "wan22_timeline"}}
+    if save_latent_prefix:
+        p["11"] = {"class_type": "SaveLatent", "inputs": {"samples": ["5", 0], "filename_prefix": save_latent_prefix}}
+    return p
+
+
+def native_prompt(high, low, text_folder, *, switch, sampler="uni_pc", scheduler="simple", steps=8, flow_shift=12.0,
+                  seed=0, cfg=(4.0, 3.0), loras=None, **run):
+    """The official template's graph: UNETLoader -> (LoraLoaderModelOnly) -> ModelSamplingSD3 ->
+    KSamplerAdvanced (0 -> switch, leftover noise) -> KSamplerAdvanced (switch -> end)."""
+    p = {**inputs_of_a_run(text_folder, **run), "10": unet(high), "11": unet(low)}
+    for role, loader_id, lora_id, shift_id in (("high", "10", "12", "14"), ("low", "11", "13", "15")):
+        source = loader_id
+        if loras and loras.get(role):
+            p[lora_id] = native_lora(loader_id, *loras[role])
+            source = lora_id
+        p[shift_id] = {"class_type": "ModelSamplingSD3", "inputs": {"model": [source, 0], "shift": flow_shift}}
+    common = {"noise_seed": seed, "steps": steps, "sampler_name": sampler, "scheduler": scheduler,
+              "positive": ["3", 0], "negative": ["3", 1]}
+    p["16"] = {"class_type": "KSamplerAdvanced",
+               "inputs": {**common, "model": ["14", 0], "add_noise": "enable", "cfg": cfg[0], "latent_image": ["4", 0],
+                          "start_at_step": 0, "end_at_step": switch, "return_with_leftover_noise": "enable"}}
+    p["17"] = {"class_type": "KSamplerAdvanced",
+               "inputs": {**common, "model": ["15", 0], "add_noise": "disable", "cfg": cfg[1], "latent_image": ["16", 0],
+                          "start_at_step": switch, "end_at_step": 10000, "return_with_leftover_noise": "disable"}}
+    p["18"] = {"class_type": "PreviewAny", "inputs": {"source": ["17", 0]}}
+    return p
+
+
+def one_ksampler_prompt(name, text_folder, *, sampler="euler", scheduler="simple", steps=6, flow_shift=5.0, seed=0,
+                        cfg=4.0, **run):
+    """One expert alone as people run it natively: UNETLoader -> ModelSamplingSD3 -> KSampler, result at "17"."""
+    common = {"seed": seed, "steps": steps, "cfg": cfg, "sampler_name": sampler, "scheduler": scheduler,
+              "positive": ["3", 0], "negative": ["3", 1], "latent_image": ["4", 0], "denoise": 1.0}
+    return {**inputs_of_a_run(text_folder, **run), "10": unet(name),
+            "14": {"class_type": "ModelSamplingSD3", "inputs": {"model": ["10", 0], "shift": flow_shift}},
+            "17": {"class_type": "KSampler", "inputs": {**common, "model": ["14", 0]}},
+            "18": {"class_type": "PreviewAny", "inputs": {"source": ["17", 0]}}}
+
+
+# --- running them ---
+
+def run_ok(comfyui, prompt, executor=None):
+    result = comfyui.run(prompt, executor=executor)
+    assert result.valid, result.node_errors
+    assert result.success, result.execution_error()
+    return result
+
+
+def report_of(result, node="5"):
+    return result.outputs[node]["report"][0]
+
+
+def latent_of(comfyui, node, executor=None):
+    """The LATENT samples a node returned in the last run (a copy)."""
+    return comfyui.cached_output(node, executor)[0][0]["samples"].clone()
+
+
+def refused_at_queue(comfyui, prompt, node="1"):
+    """The node errors ComfyUI's validation gives `node`, as one string."""
+    result = comfyui.run(prompt)
+    assert not result.valid, "the prompt should have been refused"
+    assert node in result.node_errors, result.node_errors
+    return " | ".join(result.node_error_details(node))
+
+
+def failed_at_run(comfyui, prompt):
+    """The message of the error a valid prompt fails with."""
+    result = comfyui.run(prompt, executor=comfyui.new_executor())
+    assert result.valid, result.node_errors
+    assert not result.success
+    return result.execution_error()["exception_message"]

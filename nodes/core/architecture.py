@@ -1,0 +1,90 @@
+"""The architecture of a Wan2.2 A14B expert, read off its tensors the way ComfyUI reads it (the files
+store no head count), and the check that two experts belong together.
+
+Used before anything is loaded (a file's header is enough), so a wrong file is refused at queue time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import Wan22InputError
+
+HEAD_DIM = 128  # Wan's attention head width: ComfyUI derives num_heads = dim // 128 the same way
+TASKS = {16: "t2v", 36: "i2v"}  # in-channels: 16 noise; image-to-video adds 4 mask + 16 image channels
+TASK_WORDS = {"t2v": "text-to-video", "i2v": "image-to-video"}
+WAN_TOP_LEVEL = {"patch_embedding", "text_embedding", "time_embedding", "time_projection", "blocks", "head"}
+REQUIRED_TENSORS = ("patch_embedding.weight", "head.modulation", "head.head.weight", "blocks.0.ffn.0.weight",
+                    "text_embedding.0.weight")
+
+
+@dataclass(frozen=True)
+class ExpertArchitecture:
+    """What must match between the two experts of one Wan2.2 model."""
+
+    dim: int
+    num_layers: int
+    in_channels: int
+    out_channels: int
+    ffn_dim: int
+    text_dim: int
+
+    @property
+    def task(self) -> str:
+        return TASKS[self.in_channels]
+
+    def describe(self) -> str:
+        return (f"{TASK_WORDS[self.task]}, width {self.dim}, {self.num_layers} layers, "
+                f"{self.in_channels} in-channels")
+
+
+def not_an_expert(input_name: str, what: str, why: str) -> Wan22InputError:
+    return Wan22InputError(input_name, f"{what} is not a Wan2.2 A14B expert ({why}); use a Wan2.2 high-noise or "
+                                       "low-noise diffusion model")
+
+
+def check_task(in_channels: int, input_name: str, what: str) -> None:
+    if in_channels not in TASKS:
+        raise not_an_expert(input_name, what, f"{in_channels} input channels; the A14B experts have 16 "
+                                              "(text-to-video) or 36 (image-to-video), the 5B model has 48 and is "
+                                              "a single transformer")
+
+
+def architecture_from_shapes(shapes: dict[str, list[int]], input_name: str, what: str) -> ExpertArchitecture:
+    """The architecture of a single file's tensors (original Wan layout, prefix stripped)."""
+    missing = [k for k in REQUIRED_TENSORS if k not in shapes]
+    if missing:
+        raise not_an_expert(input_name, what, f"missing tensor {missing[0]}" if shapes else "no tensors")
+    extra = sorted({name.split(".")[0] for name in shapes} - WAN_TOP_LEVEL - {"scaled_fp8"})
+    if extra:
+        raise not_an_expert(input_name, what, f"unexpected tensors {', '.join(x + '.*' for x in extra[:4])}: Wan2.1 "
+                                              "image or VACE/animate variants are not Wan2.2 A14B experts")
+    patch = shapes["patch_embedding.weight"]  # [dim, in_channels, 1, 2, 2]
+    dim = shapes["head.modulation"][-1]
+    if len(patch) != 5 or patch[0] != dim or dim % HEAD_DIM:
+        raise not_an_expert(input_name, what, f"patch embedding {patch} does not fit a Wan transformer of width {dim}")
+    check_task(patch[1], input_name, what)
+    layers = {int(m.group(1)) for name in shapes if (m := re.match(r"blocks\.(\d+)\.", name))}
+    patch_volume = patch[2] * patch[3] * patch[4]
+    return ExpertArchitecture(dim=dim, num_layers=max(layers) + 1, in_channels=patch[1],
+                              out_channels=shapes["head.head.weight"][0] // patch_volume,
+                              ffn_dim=shapes["blocks.0.ffn.0.weight"][0], text_dim=shapes["text_embedding.0.weight"][1])
+
+
+def check_matching(architectures: dict[str, ExpertArchitecture], names: dict[str, str],
+                   input_name: str = "low_noise_model") -> None:
+    """Two experts (keyed by role) must be the two halves of one model; the error says which dimension
+    differs. It names `input_name`, by default the low-noise input: the one people swap."""
+    if len(architectures) < 2:
+        return
+    high, low = architectures["high"], architectures["low"]
+    for field, label in (("in_channels", "in-channels"), ("dim", "width"), ("num_layers", "depth (layers)"),
+                         ("ffn_dim", "feed-forward width"), ("text_dim", "text width"),
+                         ("out_channels", "out-channels")):
+        a, b = getattr(high, field), getattr(low, field)
+        if a != b:
+            hint = " (one is text-to-video, the other image-to-video)" if field == "in_channels" else ""
+            raise Wan22InputError(input_name, f"the experts do not match: {label} {a} in {names['high']} vs "
+                                                     f"{b} in {names['low']}{hint}; use the high-noise and "
+                                                     "low-noise experts of the same Wan2.2 model")

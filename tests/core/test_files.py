@@ -1,0 +1,121 @@
+"""What the loaders check before ComfyUI loads anything: safetensors headers, the architecture read off
+the tensors, diffusers folders, and the rename of a diffusers transformer to ComfyUI's layout (no ComfyUI)."""
+
+import os
+import shutil
+
+import pytest
+import torch
+from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+from devtools import tiny_wan
+from wan22_cachedit.nodes.core import checkpoint
+from wan22_cachedit.nodes.core import diffusers_folder as F
+from wan22_cachedit.nodes.core.architecture import ExpertArchitecture, check_matching
+from wan22_cachedit.nodes.core.errors import Wan22InputError
+
+
+def dm(tiny, name):
+    return os.path.join(tiny["dir"], "diffusion_models", name)
+
+
+def folder(tiny, name):
+    return os.path.join(tiny["dir"], "diffusers", name)
+
+
+def refusal(call) -> Wan22InputError:
+    with pytest.raises(Wan22InputError) as e:
+        call()
+    return e.value
+
+
+def test_the_rename_to_comfyuis_layout_is_undone_exactly_by_diffusers_own_conversion():
+    """diffusers' convert_wan_transformer_to_diffusers (original -> diffusers) is the oracle."""
+    for task in ("t2v", "i2v"):
+        model = tiny_wan.make_expert(task, 5)
+        comfy = F.to_comfy_layout(model.state_dict())
+        assert {"head.modulation", "head.head.weight", "blocks.0.norm3.weight", "blocks.0.modulation",
+                "blocks.0.cross_attn.o.weight", "time_projection.1.weight"} <= set(comfy)
+        back = convert_wan_transformer_to_diffusers({"model.diffusion_model." + k: v for k, v in comfy.items()})
+        assert set(back) == set(model.state_dict())
+        assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("fmt", tiny_wan.SINGLE_FILE_FORMATS)
+@pytest.mark.parametrize("task", ["t2v", "i2v"])
+def test_the_architecture_is_read_off_every_formats_header(tiny_models, fmt, task):
+    architecture = checkpoint.expert_architecture(dm(tiny_models, tiny_models["names"][(task, "low", fmt)]), "x")
+    assert architecture == ExpertArchitecture(dim=128, num_layers=4, in_channels={"t2v": 16, "i2v": 36}[task],
+                                              out_channels=16, ffn_dim=256, text_dim=4096)
+    assert architecture.task == task
+
+
+def test_the_architecture_comes_from_the_tensors_not_the_file_name(tiny_models, tmp_path):
+    misleading = tmp_path / "wan2.2_i2v_high_noise_14B_fp16.safetensors"
+    shutil.copy(dm(tiny_models, tiny_models["names"][("t2v", "high", "fp16")]), misleading)
+    assert checkpoint.expert_architecture(str(misleading), "high_noise_model").task == "t2v"
+    wide = checkpoint.expert_architecture(dm(tiny_models, tiny_models["broken"]["wide"]), "low_noise_model")
+    assert (wide.dim, wide.num_layers) == (256, 4)
+
+
+def test_a_file_that_is_not_a_wan_transformer_is_refused(tiny_models):
+    e = refusal(lambda: checkpoint.expert_architecture(dm(tiny_models, tiny_models["broken"]["not_wan"]),
+                                                       "low_noise_model"))
+    assert e.input_name == "low_noise_model" and "is not a Wan2.2 A14B expert" in str(e)
+    assert "use a Wan2.2 high-noise or low-noise diffusion model" in str(e)
+
+
+@pytest.mark.parametrize("which", ["truncated", "corrupt"])
+def test_truncated_or_corrupt_files_are_refused_from_the_header(tiny_models, which):
+    path = dm(tiny_models, tiny_models["broken"][which])
+    with pytest.raises(checkpoint.CheckpointFileError, match=which):
+        checkpoint.read_header(path)
+    e = refusal(lambda: checkpoint.expert_architecture(path, "high_noise_model"))
+    assert e.input_name == "high_noise_model" and which in str(e) and "download the file again" in str(e)
+
+
+def test_a_missing_file_is_refused(tiny_models):
+    e = refusal(lambda: checkpoint.check_file(dm(tiny_models, "nope.safetensors"), "high_noise_model"))
+    assert e.input_name == "high_noise_model" and "file not found" in str(e) and "pick another" in str(e)
+
+
+@pytest.mark.parametrize("low,label", [(("i2v", "low", "fp16"), "in-channels 16"), ("wide", "width 128"),
+                                       ("shallow", "depth (layers) 4")])
+def test_experts_that_do_not_match_are_refused_naming_the_difference(tiny_models, low, label):
+    low_name = tiny_models["names"][low] if isinstance(low, tuple) else tiny_models["broken"][low]
+    high_name = tiny_models["names"][("t2v", "high", "fp16")]
+    architectures = {"high": checkpoint.expert_architecture(dm(tiny_models, high_name), "high_noise_model"),
+                     "low": checkpoint.expert_architecture(dm(tiny_models, low_name), "low_noise_model")}
+    e = refusal(lambda: check_matching(architectures, {"high": high_name, "low": low_name}))
+    assert e.input_name == "low_noise_model" and "do not match" in str(e) and label in str(e)
+    assert "same Wan2.2 model" in str(e)
+
+
+@pytest.mark.parametrize("choice,roles", [("both", {"high", "low"}), ("high_noise_only", {"high"}),
+                                          ("low_noise_only", {"low"})])
+def test_a_diffusers_folder_gives_the_requested_experts_and_its_declared_boundary(tiny_models, choice, roles):
+    architectures, declared = F.inspect_folder(folder(tiny_models, tiny_models["names"][("i2v", "diffusers")]), choice)
+    assert set(architectures) == roles and declared == 0.9
+    assert all(a.task == "i2v" and a.num_layers == 4 for a in architectures.values())
+
+
+def test_a_diffusers_folder_without_the_requested_expert_is_refused(tiny_models):
+    path = folder(tiny_models, tiny_models["broken"]["diffusers_high_only"])
+    e = refusal(lambda: F.inspect_folder(path, "both"))
+    assert e.input_name == "experts" and "no transformer_2/" in str(e) and "high_noise_only" in str(e)
+    assert set(F.inspect_folder(path, "high_noise_only")[0]) == {"high"}
+
+
+def test_a_folder_without_model_index_is_refused(tmp_path):
+    e = refusal(lambda: F.inspect_folder(str(tmp_path), "both"))
+    assert e.input_name == "model_folder" and "model_index.json" in str(e)
+
+
+def test_a_damaged_diffusers_folder_is_refused_naming_the_file(tiny_models, tmp_path):
+    copy = tmp_path / "Wan2.2-damaged"
+    shutil.copytree(folder(tiny_models, tiny_models["names"][("t2v", "diffusers")]), copy)
+    weights = copy / "transformer_2" / "diffusion_pytorch_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    e = refusal(lambda: F.inspect_folder(str(copy), "both"))
+    assert e.input_name == "model_folder" and "truncated" in str(e) and "download the folder again" in str(e)
