@@ -20,15 +20,17 @@ import_pack()
 from wan22_cachedit.nodes.core.diffusers_folder import to_comfy_layout  # noqa: E402
 
 PREFIX = "model.diffusion_model."
-IN_CHANNELS = {"t2v": 16, "i2v": 36}
+IN_CHANNELS = {"t2v": 16, "i2v": 36, "ti2v": 48}
 SINGLE_FILE_FORMATS = ("fp32", "fp16", "bf16", "fp8_scaled", "fp8_comfy_quant")
 FP8_MAX = 448.0  # largest float8_e4m3fn
 
 
 def tiny_config(task: str = "t2v", num_layers: int = 4, dim: int = 128, ffn_dim: int = 256,
                 text_dim: int = 4096) -> dict:
+    """`task`: t2v or i2v (the A14B experts), or ti2v (the 5B model: 48 channels in and out)."""
     return {"patch_size": [1, 2, 2], "num_attention_heads": dim // 128, "attention_head_dim": 128,
-            "in_channels": IN_CHANNELS[task], "out_channels": 16, "text_dim": text_dim, "freq_dim": 256,
+            "in_channels": IN_CHANNELS[task], "out_channels": 48 if task == "ti2v" else 16, "text_dim": text_dim,
+            "freq_dim": 256,
             "ffn_dim": ffn_dim, "num_layers": num_layers, "cross_attn_norm": True,
             "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None, "added_kv_proj_dim": None,
             "rope_max_seq_len": 1024}
@@ -264,4 +266,23 @@ def write_tiny_wan_vae(path: str, seed: int = 31) -> str:
                 p.normal_(0.0, fan_in ** -0.5)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, path, metadata={"format": "pt"})
+    return path
+
+
+def write_tiny_flux(path: str, seed: int = 41) -> str:
+    """A tiny Flux transformer from ComfyUI's own class (width 128, one block of each kind), which ComfyUI's
+    Load Diffusion Model reads as a Flux MODEL: a model that is not Wan. Needs ComfyUI importable."""
+    import comfy.ops
+    from comfy.ldm.flux.model import Flux
+
+    torch.manual_seed(seed)
+    flux = Flux(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=64, context_in_dim=64,
+                hidden_size=128, mlp_ratio=4.0, num_heads=1, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56],
+                theta=10000, patch_size=2, qkv_bias=True, guidance_embed=False, txt_ids_dims=[],
+                operations=comfy.ops.disable_weight_init)
+    with torch.no_grad():  # ComfyUI's ops skip weight init
+        for p in flux.parameters():
+            p.normal_(0.0, 0.02)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file({PREFIX + k: v.contiguous() for k, v in flux.state_dict().items()}, path, metadata={"format": "pt"})
     return path

@@ -119,11 +119,12 @@ class Wan22LoraLoader(io.ComfyNode):
                                                          "expert")
             checkpoint.check_file(path, LORA_INPUTS[role], "LoRA")
             lora, metadata = comfy.utils.load_torch_file(path, safe_load=True, return_metadata=True)
-            layers = len(lora_patches(models[role], lora, LORA_INPUTS[role], name))
+            patched = len(lora_patches(models[role], lora, LORA_INPUTS[role], name))
             if strength != 0:  # as ComfyUI's LoRA loader, strength 0 leaves the model as it is
                 models[role], _ = comfy.sd.load_lora_for_models(models[role], None, lora, strength, 0,
                                                                 lora_metadata=metadata)
-            notes.append(LoraNote(role=role, file=name, strength=float(strength), layers=layers))
+            notes.append(LoraNote(role=role, file=name, strength=float(strength), patched_weights=patched))
         result = experts.replace(high=models.get("high"), low=models.get("low"), loras=experts.loras + tuple(notes))
-        text = [f"{ROLE_WORDS[n.role]}: {n.file} x{n.strength:g} ({n.layers} layers)" for n in result.loras]
+        text = [f"{ROLE_WORDS[n.role]}: {n.file} x{n.strength:g} ({n.patched_weights} weights patched)"
+                for n in result.loras]
         return io.NodeOutput(result, ui={"text": ["\n".join(text) or "no LoRA"]})

@@ -81,11 +81,14 @@ class StageCache:
         """One transformer call per prompt, the conditional one first. ComfyUI batches the conditional and
         unconditional passes into one call when memory allows and splits them (unconditional first) when it
         does not; cache-dit pairs calls as [cond, uncond], so the order must not depend on free memory."""
+        refuse_block_patches(model_options.get("transformer_options", {}), self.role)
         present = [i for i, c in enumerate(conds) if c is not None]
         if len(present) != (2 if self.separate_cfg else 1):
-            raise RuntimeError(f"Cache-DiT was sized for {'two' if self.separate_cfg else 'one'} transformer "
-                               f"passes per evaluation, but ComfyUI evaluates {len(present)}: report this with the "
-                               "workflow")
+            raise Wan22InputError("enabled", f"something calls the {ROLE_WORDS[self.role]} expert with {len(present)} "
+                                             f"prompt(s) where its sampler evaluates {'two' if self.separate_cfg else 'one'} "
+                                             "(a guidance node or model patch that runs the model again?), so its "
+                                             "Cache-DiT context cannot be sized to the run: set enabled to false on the "
+                                             "Wan2.2 Cache-DiT node, or remove that node")
         if not self.separate_cfg:
             return executor(model, conds, x_in, timestep, model_options)
         out = [torch.zeros_like(x_in) for _ in conds]

@@ -46,6 +46,9 @@ def _write_broken_files(models_dir: str, tiny: dict) -> dict:
     tiny_wan.write_single_file(tiny_wan.make_expert("t2v", 8, num_layers=2), os.path.join(
         dm, "wan2.2_t2v_low_noise_shallow.safetensors"), "fp16")
     names["shallow"] = "wan2.2_t2v_low_noise_shallow.safetensors"
+    tiny_wan.write_single_file(tiny_wan.make_expert("ti2v", 9), os.path.join(dm, "wan2.2_ti2v_5B_fp16.safetensors"),
+                               "fp16")
+    names["wan_5b"] = "wan2.2_ti2v_5B_fp16.safetensors"
     # A diffusers folder with only the high-noise expert.
     tiny_wan.write_diffusers_folder(os.path.join(models_dir, "diffusers", "Wan2.2-T2V-A14B-high-only"),
                                     tiny["models"][("t2v", "high")], None)
@@ -54,21 +57,24 @@ def _write_broken_files(models_dir: str, tiny: dict) -> dict:
 
 
 def _write_loras(models_dir: str) -> dict:
-    """models/loras: the template's LightX2V names (ComfyUI format), a LightX2V-format one, a LoRA for a
-    wider model, a truncated file."""
+    """models/loras: the template's LightX2V names (ComfyUI format), one file per other format people have,
+    a LoRA for a wider model, a truncated file and a model file put there by mistake."""
     folder = os.path.join(models_dir, "loras")
     model = tiny_wan.make_expert("t2v", 0)
     names = dict(tiny_wan.LORA_NAMES)
     for role, seed in (("high", 61), ("low", 62)):
         tiny_wan.write_tiny_lora(model, os.path.join(folder, names[role]), "comfy", seed=seed)
-    names["lightx2v"] = "wan22_lightx2v_format_lora.safetensors"
-    tiny_wan.write_tiny_lora(model, os.path.join(folder, names["lightx2v"]), "lightx2v", seed=63)
+    for fmt, seed in (("lightx2v", 63), ("musubi", 64), ("diffusers", 65)):
+        names[fmt] = f"wan22_{fmt}_format_lora.safetensors"
+        tiny_wan.write_tiny_lora(model, os.path.join(folder, names[fmt]), fmt, seed=seed)
     names["wide"] = "wan2.2_5B_style_lora.safetensors"
     tiny_wan.write_tiny_lora(tiny_wan.make_expert("t2v", 0, dim=256), os.path.join(folder, names["wide"]))
     data = open(os.path.join(folder, names["high"]), "rb").read()
     names["truncated"] = "wan22_truncated_lora.safetensors"
     with open(os.path.join(folder, names["truncated"]), "wb") as f:
         f.write(data[: len(data) // 2])
+    names["model_file"] = "wan2.2_t2v_low_noise_14B_fp16_in_loras.safetensors"
+    tiny_wan.write_single_file(model, os.path.join(folder, names["model_file"]), "fp16")
     return names
 
 
@@ -91,6 +97,8 @@ def comfyui(tmp_path_factory, tiny_models):
     base = str(tmp_path_factory.mktemp("comfy_base"))
     harness = InProcessComfy(base)
     tiny_wan.write_tiny_wan_vae(os.path.join(tiny_models["dir"], "vae", TINY_VAE))
+    tiny_models["broken"]["flux"] = "flux_like_dev.safetensors"  # a MODEL that is not Wan
+    tiny_wan.write_tiny_flux(os.path.join(tiny_models["dir"], "diffusion_models", tiny_models["broken"]["flux"]))
     for kind in ("diffusion_models", "diffusers", "loras"):
         harness.folder_paths.add_model_folder_path(kind, os.path.join(tiny_models["dir"], kind), is_default=True)
     harness.folder_paths.add_model_folder_path("vae", os.path.join(tiny_models["dir"], "vae"), is_default=True)

@@ -30,10 +30,10 @@ class LoraNote:
     role: str
     file: str
     strength: float
-    layers: int
+    patched_weights: int  # the model's tensors the LoRA changes
 
     def describe(self) -> dict:
-        return {"file": self.file, "strength": self.strength, "layers": self.layers}
+        return {"file": self.file, "strength": self.strength, "patched_weights": self.patched_weights}
 
 
 @dataclass(frozen=True, eq=False)

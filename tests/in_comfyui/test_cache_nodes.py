@@ -1,93 +1,283 @@
-"""Cache-DiT through the real ComfyUI (in-process): plans on handles, branches, statistics people see."""
+"""Cache-DiT on ComfyUI's own Wan model, through the real ComfyUI (in-process): a context per expert sized
+with that expert's evaluations in each run (read from cache-dit itself while the run goes), nothing left on
+the shared model afterwards, the cache off is ComfyUI's own graph, and what it cannot do right is refused."""
 
 import copy
+import json
 
+import pytest
 import torch
 
-from .sampler_prompts import cache_node, t2v_prompt
+from wan22_cachedit.nodes.core import cache as C
+
+from .prompts import (FINAL, bridged, cache_node, failed_at_run, latent_of, loader, native_prompt, our_prompt,
+                      report_of, run_ok)
+
+SMALL = dict(width=32, height=32, length=1)  # one 4x4 latent frame: long schedules stay cheap
 
 
-def names(tiny):
+def files(tiny):
     n = tiny["names"]
-    return n[("t2v", "high", "fp32")], n[("t2v", "low", "fp32")], n[("t2v", "diffusers")]
+    return n[("t2v", "high", "fp16")], n[("t2v", "low", "fp16")]
 
 
-def run_ok(comfyui, prompt, executor=None):
-    result = comfyui.run(prompt, executor=executor)
-    assert result.valid, result.node_errors
-    assert result.success, result.execution_error()
-    return result
+def text(tiny):
+    return tiny["names"][("t2v", "diffusers")]
 
 
-def latent_of(comfyui, node, executor=None):
-    return comfyui.cached_output(node, executor)[0][0]["samples"].clone()
+def cached_prompt(tiny, cache=None, **run):
+    return our_prompt(loader(*files(tiny)), text(tiny), cache={} if cache is None else cache, **run)
 
 
-def test_a_cached_run_reports_what_the_cache_did_on_each_expert(comfyui, tiny_models):
-    result = run_ok(comfyui, t2v_prompt(*names(tiny_models), steps=20, decode=False, cache={}))
-    report = result.outputs["5"]["report"][0]
-    assert report["cache"]["plan"].startswith("high DBCache_F1B0_W4I1M0MC3_R0.24")
-    for role, steps in (("high", 13), ("low", 7)):
-        stats = report["cache"][role]
-        assert stats["context_steps"] == [steps] and stats["config"].endswith(f"_N{steps}_CFG1")
-        assert stats["cached_steps"] and stats["block_forwards"] < stats["block_forwards_without_cache"]
-    assert "cache high:" in result.outputs["5"]["text"][0] and "% saved" in result.outputs["5"]["text"][0]
-    assert result.outputs["20"]["text"][0].startswith("high DBCache_F1B0_W4")
+def diffusion_models(comfyui, node="1", executor=None):
+    """The loaded experts' shared diffusion models by role (none before the loader has run)."""
+    output = comfyui.cached_output(node, executor)
+    if output is None:
+        return {}
+    return {role: model.model.diffusion_model for role, model in output[0][0].models().items()}
 
 
-def test_one_graph_two_samplers_one_loader_each_output_equals_its_branch_alone(comfyui, tiny_models):
-    high, low, folder = names(tiny_models)
-    cached_alone = t2v_prompt(high, low, folder, steps=12, seed=21, decode=False, cache={})
-    plain_alone = t2v_prompt(high, low, folder, steps=12, seed=21, decode=False)
-    ex = comfyui.new_executor()
-    run_ok(comfyui, cached_alone, ex)
-    expected_cached = latent_of(comfyui, "5", ex)
-    ex = comfyui.new_executor()
-    run_ok(comfyui, plain_alone, ex)
-    expected_plain = latent_of(comfyui, "5", ex)
-    assert not torch.equal(expected_cached, expected_plain)
+@pytest.fixture
+def progress_hook(monkeypatch):
+    """Calls each `hook(value, total)` at every step of a run, as ComfyUI's server hook is called (and where
+    it interrupts), unthrottled."""
+    import comfy.utils
 
-    # A second sampler on the loader's own (uncached) handle, placed before and after the cached one.
+    hooks = []
+    monkeypatch.setattr(comfy.utils, "PROGRESS_THROTTLE_MIN_INTERVAL", 0.0)
+    comfy.utils.set_progress_bar_global_hook(lambda value, total, *args, **kwargs: [h(value, total) for h in hooks])
+    yield hooks
+    comfy.utils.set_progress_bar_global_hook(None)
+
+
+@pytest.mark.parametrize("runs", [
+    [("euler", 40, 5.0, [17, 23]), ("euler", 40, 12.0, [26, 14])],  # two runs on the same loaded experts
+    [("uni_pc", 40, 5.0, [18, 22]), ("uni_pc", 40, 12.0, [26, 14])],  # uni_pc's own sigmas: see test_nodes
+    [("heun", 10, 8.0, [12, 7])],  # two evaluations per step, one on the last step to sigma 0
+])
+def test_each_context_holds_its_experts_evaluations_of_this_run_read_from_cache_dit(comfyui, tiny_models,
+                                                                                    progress_hook, runs):
+    executor = comfyui.new_executor()
+    for sampler, steps, shift, expected in runs:
+        seen = set()
+
+        def contexts_now(value, total):
+            models = diffusion_models(comfyui, executor=executor)
+            if models:  # the loader's own progress comes before its experts exist
+                seen.add(tuple((role, tuple(C.context_sizes(m))) for role, m in models.items()))
+
+        progress_hook[:] = [contexts_now]
+        result = run_ok(comfyui, cached_prompt(tiny_models, sampler=sampler, steps=steps, flow_shift=shift, **SMALL),
+                        executor)
+        # while each stage ran, its expert (and only it) held one context of its own size
+        assert seen == {(("high", (expected[0],)), ("low", ())), (("high", ()), ("low", (expected[1],)))}
+        report = report_of(result)
+        for role, n in zip(("high", "low"), expected):
+            assert report["cache"][role]["evaluations"] == n
+            assert report["cache"][role]["config"].endswith(f"_N{n}_CFG1")
+        assert all(C.context_sizes(m) == [] for m in diffusion_models(comfyui, executor=executor).values())
+
+
+def test_every_comfyui_sampler_makes_the_evaluations_its_context_is_sized_with(comfyui, tiny_models):
+    """The table of evaluations per step against ComfyUI itself, sampler by sampler (CFG 1: one call each)."""
+    import comfy.samplers
+
+    schedule_module = comfyui.pack("nodes.engine")
+    for sampler in comfy.samplers.KSampler.SAMPLERS:
+        if sampler in C.ADAPTIVE:
+            continue
+        result = run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), sampler=sampler, steps=7,
+                                            flow_shift=8.0, cfg=(1.0, 1.0), **SMALL))
+        report = report_of(result)
+        schedule = schedule_module.build_schedule(has_high=True, has_low=True, model_default=0.875, sampler=sampler,
+                                                  scheduler="simple", steps=7, flow_shift=8.0)
+        predicted = {role: sum(C.evaluations_per_step(sampler, schedule.stage_sigmas(role))) for role in ("high", "low")}
+        assert report["transformer_calls"] == predicted, sampler
+
+
+def test_cached_seeds_a_b_a_give_bit_identical_a_results(comfyui, tiny_models):
+    latents = []
+    for seed in (3, 4, 3):
+        run_ok(comfyui, cached_prompt(tiny_models, steps=12, flow_shift=5.0, seed=seed))
+        latents.append(latent_of(comfyui, FINAL["ours"]))
+    assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
+
+
+def test_one_graph_two_samplers_one_cached_one_not_each_equals_its_run_alone(comfyui, tiny_models):
+    cached_alone = cached_prompt(tiny_models, steps=12, seed=21)
+    plain_alone = our_prompt(loader(*files(tiny_models)), text(tiny_models), steps=12, seed=21)
+    expected = {}
+    for key, prompt in (("cached", cached_alone), ("plain", plain_alone)):
+        executor = comfyui.new_executor()
+        run_ok(comfyui, prompt, executor)
+        expected[key] = latent_of(comfyui, FINAL["ours"], executor)
+    assert not torch.equal(expected["cached"], expected["plain"])
     for first, second in ((cached_alone, plain_alone), (plain_alone, cached_alone)):
         both = copy.deepcopy(first)
         both["20"] = cache_node("1")
         both["30"] = copy.deepcopy(second["5"])
         both["31"] = {"class_type": "PreviewAny", "inputs": {"source": ["30", 1]}}
-        ex = comfyui.new_executor()
-        run_ok(comfyui, both, ex)
-        outputs = {node: latent_of(comfyui, node, ex) for node in ("5", "30")}
+        executor = comfyui.new_executor()
+        run_ok(comfyui, both, executor)
         cached_node = "5" if first is cached_alone else "30"
         plain_node = "30" if cached_node == "5" else "5"
-        assert torch.equal(outputs[cached_node], expected_cached)
-        assert torch.equal(outputs[plain_node], expected_plain)
+        assert torch.equal(latent_of(comfyui, cached_node, executor), expected["cached"])
+        assert torch.equal(latent_of(comfyui, plain_node, executor), expected["plain"])
 
 
-def test_the_cache_node_switched_off_runs_without_any_hook(comfyui, tiny_models):
-    high, low, folder = names(tiny_models)
-    ex = comfyui.new_executor()
-    run_ok(comfyui, t2v_prompt(high, low, folder, steps=8, seed=2, decode=False), ex)
-    never = latent_of(comfyui, "5", ex)
-    run_ok(comfyui, t2v_prompt(high, low, folder, steps=8, seed=2, decode=False, cache={}))
-    result = run_ok(comfyui, t2v_prompt(high, low, folder, steps=8, seed=2, decode=False, cache={"enabled": False}))
-    assert result.outputs["20"]["text"] == ["Cache-DiT off"]
-    assert result.outputs["5"]["report"][0]["cache"]["plan"] is None
-    assert torch.equal(latent_of(comfyui, "5"), never)
-    experts = comfyui.cached_output("1")[0][0]
-    cache = comfyui.pack("nodes.core.cache")
-    assert cache.leftovers(experts.high_noise) == [] and cache.leftovers(experts.low_noise) == []
+def test_off_after_cached_runs_is_comfyuis_own_graph_and_nothing_stays_on_the_experts(comfyui, tiny_models):
+    high, low = files(tiny_models)
+    run = dict(sampler="uni_pc", steps=10, flow_shift=12.0, seed=2)
+    executor = comfyui.new_executor()
+    for seed in (1, 2):
+        run_ok(comfyui, our_prompt(bridged(high, low), text(tiny_models), cache={}, **{**run, "seed": seed}), executor)
+    models = diffusion_models(comfyui, executor=executor)
+    blocks = {role: m.blocks for role, m in models.items()}
+    result = run_ok(comfyui, our_prompt(bridged(high, low), text(tiny_models), cache={"enabled": False}, **run),
+                    executor)
+    assert result.outputs["20"]["text"] == ["Cache-DiT off"] and report_of(result)["cache"]["plan"] is None
+    ours = latent_of(comfyui, FINAL["ours"], executor)
+    for role, model in models.items():
+        assert C.leftovers(model) == [] and model.blocks is blocks[role] and len(model.blocks) == 4
+    for loader_node in ("10", "11"):  # the MODELs we received carry none of our wrappers
+        assert "wrappers" not in comfyui.cached_output(loader_node, executor)[0][0].model_options.get(
+            "transformer_options", {})
+    switch = report_of(result)["split"]["high"]
+    run_ok(comfyui, native_prompt(high, low, text(tiny_models), switch=switch, **run), executor)
+    assert torch.equal(ours, latent_of(comfyui, FINAL["native"], executor))
+
+
+def test_with_a_permissive_threshold_both_experts_cache_and_the_result_changes(comfyui, tiny_models):
+    permissive = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}
+    result = run_ok(comfyui, cached_prompt(tiny_models, cache=permissive, steps=12, seed=5))
+    cached = latent_of(comfyui, FINAL["ours"])
+    report = report_of(result)
+    for role in ("high", "low"):
+        stats = report["cache"][role]
+        assert stats["cached_steps"] and stats["block_forwards"] < stats["block_forwards_without_cache"]
+    run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), steps=12, seed=5))
+    assert not torch.equal(cached, latent_of(comfyui, FINAL["ours"]))
+    assert "cache high:" in result.outputs["5"]["text"][0] and "% saved" in result.outputs["5"]["text"][0]
+
+
+def test_the_report_shows_per_expert_what_cache_dit_did_and_what_it_was_sized_with(comfyui, tiny_models):
+    result = run_ok(comfyui, cached_prompt(tiny_models, sampler="euler", steps=20, flow_shift=12.0))
+    report = report_of(result)
+    assert report["cache"]["plan"].startswith("high DBCache_F1B0_W4I1M0MC3_R0.24")
+    assert report["split"] == {"high": 13, "low": 7}
+    for role, n in (("high", 13), ("low", 7)):
+        stats = report["cache"][role]
+        assert stats["evaluations"] == n and stats["config"] == C.CachePlan().db_cache_config(role, n, True).strify()
+        assert stats["block_forwards_without_cache"] == 2 * n * 4  # cond and uncond calls, 4 blocks each
+        assert set(stats["residual_diffs"]) and stats["threshold"] == 0.24
+    assert result.outputs["20"]["text"][0].startswith("high DBCache_F1B0_W4")
+
+
+def test_at_four_steps_the_report_says_the_cache_can_skip_nothing(comfyui, tiny_models):
+    result = run_ok(comfyui, cached_prompt(tiny_models, sampler="euler", steps=4, flow_shift=5.0, cfg=(1.0, 1.0)))
+    report = report_of(result)
+    for role in ("high", "low"):
+        assert report["cache"][role]["skippable_steps"] == 0 and report["cache"][role]["cached_steps"] == []
+    assert "the cache can skip none of the high-noise expert's 2 steps" in result.outputs["5"]["text"][0]
+
+
+def test_taylorseer_forecasts_cached_steps_and_stays_repeatable(comfyui, tiny_models):
+    permissive = {"residual_diff_threshold": 0.9, "high_warmup_steps": 2, "low_warmup_steps": 2}
+    latents = {}
+    for calibrator in ("none", "taylorseer", "taylorseer"):
+        executor = comfyui.new_executor()  # the same prompt twice: computed again, not served from the cache
+        result = run_ok(comfyui, cached_prompt(tiny_models, cache={**permissive, "calibrator": calibrator},
+                                               steps=12, seed=6), executor)
+        assert report_of(result)["cache"]["high"]["calibrator"] == calibrator
+        latents.setdefault(calibrator, []).append(latent_of(comfyui, FINAL["ours"], executor))
+    assert torch.equal(*latents["taylorseer"]) and not torch.equal(latents["none"][0], latents["taylorseer"][0])
+
+
+def test_split_cfg_batches_keep_the_contexts_and_the_results(comfyui, tiny_models, monkeypatch):
+    """ComfyUI calls cond and uncond separately when memory is short (the free-memory estimate it batches by
+    is patched here): the cached run is the same, call for call."""
+    import comfy.model_patcher
+
+    prompt = our_prompt(loader(*files(tiny_models)), text(tiny_models), steps=10, seed=8, cfg=(4.0, 3.0))
+    batched = report_of(run_ok(comfyui, prompt))
+    cached = {seed: (run_ok(comfyui, cached_prompt(tiny_models, steps=10, seed=seed)), latent_of(comfyui, "5"))
+              for seed in (8, 9)}
+    monkeypatch.setattr(comfy.model_patcher.ModelPatcher, "get_free_memory", lambda self, device: 1024)
+    split = report_of(run_ok(comfyui, prompt | {"5": {**prompt["5"], "inputs": {**prompt["5"]["inputs"], "seed": 7}}}))
+    assert split["transformer_calls"]["high"] == 2 * batched["transformer_calls"]["high"]  # really split now
+    for seed in (8, 9, 8):
+        executor = comfyui.new_executor()
+        report = report_of(run_ok(comfyui, cached_prompt(tiny_models, steps=10, seed=seed), executor))
+        assert report["cache"] == report_of(cached[seed][0])["cache"]  # the same contexts, cached steps, diffs
+        assert torch.equal(latent_of(comfyui, FINAL["ours"], executor), cached[seed][1])
+
+
+def test_an_interrupted_cached_run_leaves_no_trace_and_the_same_prompt_then_equals_a_fresh_run(comfyui, tiny_models,
+                                                                                                progress_hook):
+    import comfy.model_management as mm
+
+    prompt = cached_prompt(tiny_models, steps=30, seed=12, **SMALL)
+    executor = comfyui.new_executor()
+    def interrupt_at_the_tenth_step(value, total):
+        if total == 30 and value == 10:  # what POST /interrupt and the server's progress hook do
+            mm.interrupt_current_processing(True)
+            mm.throw_exception_if_processing_interrupted()
+
+    progress_hook.append(interrupt_at_the_tenth_step)
+    interrupted = comfyui.run(prompt, executor=executor)
+    assert interrupted.valid and not interrupted.success
+    assert any(event == "execution_interrupted" for event, _ in interrupted.messages)
+    progress_hook.clear()
+    for model in diffusion_models(comfyui, executor=executor).values():
+        assert C.leftovers(model) == [] and C.context_sizes(model) == []
+    run_ok(comfyui, prompt, executor)
+    again = latent_of(comfyui, FINAL["ours"], executor)
+    fresh = comfyui.new_executor()
+    run_ok(comfyui, prompt, fresh)
+    assert torch.equal(again, latent_of(comfyui, FINAL["ours"], fresh))
+
+
+def test_a_per_block_patch_is_refused_by_name_with_the_cache_on_and_honoured_without(comfyui, tiny_models):
+    """ComfyUI's own Skip Layer Guidance replaces block 1 of the high-noise expert in an extra pass."""
+    high, low = files(tiny_models)
+    slg = {"class_type": "SkipLayerGuidanceDiT",
+           "inputs": {"model": ["10", 0], "double_layers": "1", "single_layers": "", "scale": 3.0,
+                      "start_percent": 0.0, "end_percent": 1.0, "rescaling_scale": 0.0}}
+    run = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4)
+    prompt = our_prompt(bridged(high, low), text(tiny_models), cache={}, **run)
+    prompt["9"] = slg
+    prompt["1"]["inputs"]["high_noise_model"] = ["9", 0]
+    message = failed_at_run(comfyui, prompt)
+    assert message.startswith("enabled: the high-noise expert carries per-block model patches")
+    assert "patches_replace dit double_block 1" in message and "Wan2.2 Cache-DiT node" in message
+    prompt["20"]["inputs"]["enabled"] = False
+    result = run_ok(comfyui, prompt)
+    ours = latent_of(comfyui, FINAL["ours"])
+    native = native_prompt(high, low, text(tiny_models), switch=report_of(result)["split"]["high"], **run)
+    native["9"] = slg
+    native["14"]["inputs"]["model"] = ["9", 0]
+    run_ok(comfyui, native)
+    assert torch.equal(ours, latent_of(comfyui, FINAL["native"]))
+
+
+def test_an_adaptive_sampler_is_refused_with_the_cache_on(comfyui, tiny_models):
+    message = failed_at_run(comfyui, cached_prompt(tiny_models, sampler="dpm_adaptive", steps=6))
+    assert message.startswith("sampler: dpm_adaptive chooses its step sizes") and "turn Cache-DiT off" in message
 
 
 def test_the_cache_node_returns_a_new_handle_and_leaves_the_loaders_alone(comfyui, tiny_models):
-    prompt = t2v_prompt(*names(tiny_models), steps=4, decode=False, cache={"residual_diff_threshold": 0.1})
-    run_ok(comfyui, prompt)
+    run_ok(comfyui, cached_prompt(tiny_models, cache={"residual_diff_threshold": 0.1}, steps=4))
     loaded, cached = comfyui.cached_output("1")[0][0], comfyui.cached_output("20")[0][0]
     assert loaded.cache_plan is None and cached.cache_plan.residual_diff_threshold == 0.1
-    assert cached.high_noise is loaded.high_noise
+    assert cached.high is loaded.high
 
 
 def test_a_plan_the_experts_cannot_take_is_an_error_naming_the_input(comfyui, tiny_models):
-    prompt = t2v_prompt(*names(tiny_models), steps=4, decode=False, cache={"first_compute_blocks": 4})
-    result = comfyui.run(prompt, executor=comfyui.new_executor())
-    assert result.valid and not result.success
-    message = result.execution_error()["exception_message"]
+    message = failed_at_run(comfyui, cached_prompt(tiny_models, cache={"first_compute_blocks": 4}, steps=4))
     assert "first_compute_blocks:" in message and "these experts have 4 layers" in message
+
+
+def test_a_prompt_saved_without_the_calibrator_input_still_runs(comfyui, tiny_models):
+    prompt = cached_prompt(tiny_models, steps=6)
+    del prompt["20"]["inputs"]["calibrator"]
+    assert json.loads(run_ok(comfyui, prompt).outputs["6"]["text"][0])["cache"]["high"]["calibrator"] == "none"

@@ -1,132 +1,143 @@
-"""Wan2.2 LoRA (per expert) through the real ComfyUI (in-process): handles stay values, branches keep
-their own LoRAs, LoRA + cache repeat, bad files are refused by name."""
+"""LoRAs on native experts through the real ComfyUI (in-process): our LoRA node is ComfyUI's own LoRA loading,
+native LoRA loaders work upstream of the MODEL bridge, branches keep their own LoRAs, bad files are refused."""
 
 import copy
 
+import pytest
 import torch
 
-from .sampler_prompts import lora_node, t2v_prompt
-from .test_cache_nodes import latent_of, names, run_ok
+from .prompts import (FINAL, bridged, failed_at_run, latent_of, loader, native_prompt, our_prompt, refused_at_queue,
+                      report_of, run_ok)
+
+# The official template's LightX2V set-up: euler/simple, 4 steps, shift 5, CFG 1 (switch at 2).
+TEMPLATE = dict(sampler="euler", scheduler="simple", steps=4, flow_shift=5.0, cfg=(1.0, 1.0))
 
 
-def template_prompt(tiny, seed=5, **kw):
-    """The official LightX2V set-up: 4 euler steps, shift 5, CFG 1, boundary auto."""
-    lora = kw.pop("lora", {"high": tiny["loras"]["high"], "low": tiny["loras"]["low"]})
-    return t2v_prompt(*names(tiny), sampler="euler", steps=4, flow_shift=5.0, cfg_high=1.0, cfg_low=1.0, seed=seed,
-                      decode=False, lora=lora, **kw)
+def files(tiny):
+    n = tiny["names"]
+    return n[("t2v", "high", "fp16")], n[("t2v", "low", "fp16")]
 
 
-def test_the_template_set_up_splits_two_and_two_and_reports_its_loras(comfyui, tiny_models):
-    result = run_ok(comfyui, template_prompt(tiny_models))
-    report = result.outputs["5"]["report"][0]
-    assert report["split"] == {"high": 2, "low": 2} and report["boundary_ratio"] == 0.875
-    assert report["forward_passes"] == {"high": 2, "low": 2}  # CFG 1: one forward per step
-    assert [u["file"] for u in report["loras"]["high"]] == [tiny_models["loras"]["high"]]
-    assert [u["file"] for u in report["loras"]["low"]] == [tiny_models["loras"]["low"]]
-    assert "LoRA high: wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors x1" in result.outputs["5"]["text"][0]
-    assert "rank 4" in result.outputs["40"]["text"][0]
+def text(tiny):
+    return tiny["names"][("t2v", "diffusers")]
+
+
+def native_with(comfyui, tiny, loras, seed, **run):
+    run = {**TEMPLATE, **run}
+    run_ok(comfyui, native_prompt(*files(tiny), text(tiny), switch=2, loras=loras, seed=seed, **run))
+    return latent_of(comfyui, FINAL["native"])
+
+
+@pytest.mark.parametrize("fmt", ["comfy", "lightx2v", "musubi"])
+def test_our_lora_node_equals_comfyuis_lora_loader_model_only_bit_for_bit(comfyui, tiny_models, fmt):
+    loras = tiny_models["loras"]
+    high, low = (loras["high"], loras["low"]) if fmt == "comfy" else (loras[fmt], loras[fmt])
+    result = run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), seed=5, **TEMPLATE,
+                                        lora={"high": high, "low": low, "low_strength": 0.7}))
+    ours = latent_of(comfyui, FINAL["ours"])
+    assert torch.equal(ours, native_with(comfyui, tiny_models, {"high": (high, 1.0), "low": (low, 0.7)}, 5))
+    run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), seed=5, **TEMPLATE))
+    assert not torch.equal(ours, latent_of(comfyui, FINAL["ours"]))  # the LoRAs really changed the run
+    # Every block linear (10 per block, 4 blocks); LightX2V's files also patch those 40 biases, each block's
+    # norm3 weight and bias (8) and the head's weight and bias (2).
+    patched = report_of(result)["loras"]["low"][0]["patched_weights"]
+    assert patched == (40 + 40 + 8 + 2 if fmt == "lightx2v" else 40)
+
+
+def test_native_lora_loaders_upstream_of_the_bridge_equal_the_native_template(comfyui, tiny_models):
+    loras = {"high": (tiny_models["loras"]["high"], 1.0), "low": (tiny_models["loras"]["low"], 1.0)}
+    run_ok(comfyui, our_prompt(bridged(*files(tiny_models), loras=loras), text(tiny_models), seed=6, **TEMPLATE))
+    assert torch.equal(latent_of(comfyui, FINAL["ours"]), native_with(comfyui, tiny_models, loras, 6))
+
+
+def test_chained_lora_nodes_equal_chained_native_lora_loaders(comfyui, tiny_models):
+    loras = tiny_models["loras"]
+    prompt = our_prompt(loader(*files(tiny_models)), text(tiny_models), seed=7, **TEMPLATE,
+                        lora={"high": loras["high"], "high_strength": 0.5})
+    prompt["41"] = {"class_type": "Wan22LoraLoader",
+                    "inputs": {"experts": ["40", 0], "high_noise_lora": loras["musubi"], "high_noise_strength": 0.8,
+                               "low_noise_lora": "none", "low_noise_strength": 1.0}}
+    prompt["5"]["inputs"]["experts"] = ["41", 0]
+    report = report_of(run_ok(comfyui, prompt))
+    assert [u["file"] for u in report["loras"]["high"]] == [loras["high"], loras["musubi"]]
+    ours = latent_of(comfyui, FINAL["ours"])
+    native = native_prompt(*files(tiny_models), text(tiny_models), switch=2, seed=7, **TEMPLATE,
+                           loras={"high": (loras["high"], 0.5)})
+    native["112"] = {"class_type": "LoraLoaderModelOnly",
+                     "inputs": {"model": ["12", 0], "lora_name": loras["musubi"], "strength_model": 0.8}}
+    native["14"]["inputs"]["model"] = ["112", 0]
+    run_ok(comfyui, native)
+    assert torch.equal(ours, latent_of(comfyui, FINAL["native"]))
+
+
+def test_strength_zero_is_bit_identical_to_no_lora_node(comfyui, tiny_models):
+    run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), seed=2, **TEMPLATE))
+    plain = latent_of(comfyui, FINAL["ours"])
+    loras = {"high": tiny_models["loras"]["high"], "low": tiny_models["loras"]["low"], "high_strength": 0.0,
+             "low_strength": 0.0}
+    run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), seed=2, **TEMPLATE, lora=loras))
+    assert torch.equal(latent_of(comfyui, FINAL["ours"]), plain)
 
 
 def test_one_graph_lora_on_one_branch_only_each_output_equals_its_branch_alone(comfyui, tiny_models):
-    with_lora = template_prompt(tiny_models, seed=9)
-    plain = template_prompt(tiny_models, seed=9, lora=None)
+    lora = {"high": tiny_models["loras"]["high"], "low": tiny_models["loras"]["low"]}
+    with_lora = our_prompt(loader(*files(tiny_models)), text(tiny_models), seed=9, **TEMPLATE, lora=lora)
+    plain = our_prompt(loader(*files(tiny_models)), text(tiny_models), seed=9, **TEMPLATE)
     expected = {}
     for key, prompt in (("lora", with_lora), ("plain", plain)):
-        ex = comfyui.new_executor()
-        run_ok(comfyui, prompt, ex)
-        expected[key] = latent_of(comfyui, "5", ex)
-    assert not torch.equal(expected["lora"], expected["plain"])
-
-    lora = comfyui.pack("nodes.core.lora")
+        executor = comfyui.new_executor()
+        run_ok(comfyui, prompt, executor)
+        expected[key] = latent_of(comfyui, FINAL["ours"], executor)
     for first, second in ((with_lora, plain), (plain, with_lora)):
         both = copy.deepcopy(first)
         both["40"] = copy.deepcopy(with_lora["40"])
         both["30"] = copy.deepcopy(second["5"])
         both["31"] = {"class_type": "PreviewAny", "inputs": {"source": ["30", 1]}}
-        ex = comfyui.new_executor()
-        run_ok(comfyui, both, ex)
-        lora_node_id = "5" if first is with_lora else "30"
-        plain_node_id = "30" if lora_node_id == "5" else "5"
-        assert torch.equal(latent_of(comfyui, lora_node_id, ex), expected["lora"])
-        assert torch.equal(latent_of(comfyui, plain_node_id, ex), expected["plain"])
-        # Afterwards the experts carry only what a handle of this graph asked for, and the loader's own
-        # handle is untouched (no LoRA on it).
-        loaded, with_loras = comfyui.cached_output("1", ex)[0][0], comfyui.cached_output("40", ex)[0][0]
+        executor = comfyui.new_executor()
+        run_ok(comfyui, both, executor)
+        lora_node = "5" if first is with_lora else "30"
+        plain_node = "30" if lora_node == "5" else "5"
+        assert torch.equal(latent_of(comfyui, lora_node, executor), expected["lora"])
+        assert torch.equal(latent_of(comfyui, plain_node, executor), expected["plain"])
+        loaded, with_loras = comfyui.cached_output("1", executor)[0][0], comfyui.cached_output("40", executor)[0][0]
         assert loaded.loras == () and len(with_loras.loras) == 2
-        for module, role in ((loaded.high_noise, "high"), (loaded.low_noise, "low")):
-            asked = [[], [f"{lora.ADAPTER_PREFIX}0"]]
-            assert lora.adapter_names(module) in asked
-    # The next run of the plain branch on the same experts (a new seed, so the sampler is not served from
-    # ComfyUI's cache) takes every adapter off again.
-    experts = comfyui.cached_output("1", ex)[0][0]
-    assert lora.adapter_names(experts.high_noise) == [f"{lora.ADAPTER_PREFIX}0"]  # the LoRA branch ran last
-    run_ok(comfyui, template_prompt(tiny_models, seed=10, lora=None), ex)
-    assert lora.leftovers(experts.high_noise) == [] and lora.leftovers(experts.low_noise) == []
+        assert loaded.high.patches == {} and with_loras.high.patches  # the LoRA lives on its own clone
 
 
-def test_lora_and_cache_seeds_a_b_a_are_bit_identical(comfyui, tiny_models):
-    ex = comfyui.new_executor()
-    latents = []
-    for seed in (3, 4, 3):
-        prompt = t2v_prompt(*names(tiny_models), steps=12, flow_shift=5.0, seed=seed, decode=False,
-                            lora={"high": tiny_models["loras"]["high"], "low": tiny_models["loras"]["low"]},
-                            cache={"high_warmup_steps": 1, "low_warmup_steps": 1})
-        result = run_ok(comfyui, prompt, ex)
-        latents.append(latent_of(comfyui, "5", ex))
-        report = result.outputs["5"]["report"][0]
-        assert report["loras"]["high"] and report["cache"]["low"]["config"]
-    assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
+def test_the_lora_node_reports_what_it_added(comfyui, tiny_models):
+    lora = {"high": tiny_models["loras"]["high"], "low": tiny_models["loras"]["lightx2v"], "low_strength": 0.5}
+    result = run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), **TEMPLATE, lora=lora))
+    node_text = result.outputs["40"]["text"][0]
+    assert f"high-noise: {lora['high']} x1 (40 weights patched)" in node_text
+    assert f"low-noise: {lora['low']} x0.5 (" in node_text
+    assert f"LoRA low: {lora['low']} x0.5" in result.outputs["5"]["text"][0]
 
 
-def test_at_four_steps_the_report_says_the_cache_can_skip_nothing(comfyui, tiny_models):
-    result = run_ok(comfyui, template_prompt(tiny_models, cache={}))
-    report = result.outputs["5"]["report"][0]
-    for role in ("high", "low"):
-        assert report["cache"][role]["skippable_steps"] == 0 and report["cache"][role]["cached_steps"] == []
-    text = result.outputs["5"]["text"][0]
-    assert "the cache can skip none of the high-noise expert's 2 steps" in text
-    assert "the cache can skip none of the low-noise expert's 2 steps" in text
+def test_a_truncated_lora_is_refused_at_queue_time(comfyui, tiny_models):
+    prompt = our_prompt(loader(*files(tiny_models)), text(tiny_models), **TEMPLATE,
+                        lora={"high": tiny_models["loras"]["truncated"]})
+    details = refused_at_queue(comfyui, prompt, node="40")
+    assert "high_noise_lora:" in details and "truncated" in details and "download the LoRA again" in details
 
 
-def test_strength_zero_through_the_nodes_is_bit_identical_to_no_lora_node(comfyui, tiny_models):
-    ex = comfyui.new_executor()
-    run_ok(comfyui, template_prompt(tiny_models, seed=2, lora=None), ex)
-    plain = latent_of(comfyui, "5", ex)
-    loras = {"high": tiny_models["loras"]["high"], "low": tiny_models["loras"]["low"], "high_strength": 0.0,
-             "low_strength": 0.0}
-    run_ok(comfyui, template_prompt(tiny_models, seed=2, lora=loras), ex)
-    assert torch.equal(latent_of(comfyui, "5", ex), plain)
+@pytest.mark.parametrize("which,fragment", [
+    ("wide", "does not fit these experts"),
+    ("model_file", "is not a LoRA for these experts"),
+    ("diffusers", "is not a LoRA for these experts"),  # diffusers' own names: ComfyUI reads no Wan LoRA in them
+])
+def test_a_lora_comfyui_cannot_apply_to_these_experts_is_refused_by_name(comfyui, tiny_models, which, fragment):
+    name = tiny_models["loras"][which]
+    prompt = our_prompt(loader(*files(tiny_models)), text(tiny_models), **TEMPLATE, lora={"low": name})
+    assert failed_at_run(comfyui, prompt).startswith(f"low_noise_lora: {name} {fragment}")
 
 
-def test_a_lightx2v_format_lora_runs_through_the_nodes(comfyui, tiny_models):
-    loras = {"high": tiny_models["loras"]["lightx2v"], "low": tiny_models["loras"]["lightx2v"],
-             "low_strength": 0.5}
-    result = run_ok(comfyui, template_prompt(tiny_models, lora=loras))
-    assert "LoRA low: wan22_lightx2v_format_lora.safetensors x0.5" in result.outputs["5"]["text"][0]
-
-
-def test_bad_loras_are_refused_naming_the_input_and_file(comfyui, tiny_models):
-    truncated = template_prompt(tiny_models, lora={"high": tiny_models["loras"]["truncated"]})
-    result = comfyui.run(truncated, executor=comfyui.new_executor())
-    assert not result.valid
-    assert any("high_noise_lora:" in e and "truncated" in e for e in result.node_error_details("40"))
-
-    wide = template_prompt(tiny_models, lora={"low": tiny_models["loras"]["wide"]})
+def test_a_lora_for_an_expert_that_is_not_loaded_is_refused_and_leaves_nothing_behind(comfyui, tiny_models):
+    high, low = files(tiny_models)
+    low_only = our_prompt(loader(low=low), text(tiny_models), **TEMPLATE, lora={"high": tiny_models["loras"]["high"]})
+    message = failed_at_run(comfyui, low_only)
+    assert message.startswith("high_noise_lora:") and "high-noise expert, which is not loaded" in message
     shared = comfyui.new_executor()
-    result = comfyui.run(wide, executor=shared)
-    assert result.valid and not result.success
-    message = result.execution_error()["exception_message"]
-    assert message.startswith("low_noise_lora: wan2.2_5B_style_lora.safetensors does not fit these experts")
-
-    high, low, folder = names(tiny_models)
-    low_only = t2v_prompt("none", low, folder, sampler="euler", steps=4, decode=False,
-                          lora={"high": tiny_models["loras"]["high"]})
-    result = comfyui.run(low_only, executor=comfyui.new_executor())
-    message = result.execution_error()["exception_message"]
-    assert "high_noise_lora:" in message and "high-noise expert, which is not loaded" in message
-    # The bad prompt left nothing behind: the next good run on the same experts equals a fresh one.
-    run_ok(comfyui, template_prompt(tiny_models, seed=1), shared)
-    first = latent_of(comfyui, "5", shared)
+    run_ok(comfyui, our_prompt(loader(high, low), text(tiny_models), seed=1, **TEMPLATE), shared)
     fresh = comfyui.new_executor()
-    run_ok(comfyui, template_prompt(tiny_models, seed=1), fresh)
-    assert torch.equal(latent_of(comfyui, "5", fresh), first)
+    run_ok(comfyui, our_prompt(loader(high, low), text(tiny_models), seed=1, **TEMPLATE), fresh)
+    assert torch.equal(latent_of(comfyui, FINAL["ours"], shared), latent_of(comfyui, FINAL["ours"], fresh))
