@@ -3,8 +3,12 @@ frontend (and into API-format copies with the frontend's own graphToPrompt)."""
 
 from __future__ import annotations
 
+from .paths import import_pack
 from .standins import START_IMAGE, TEXT_FOLDER, UMT5, VAE
 from .tiny_wan import LORA_NAMES
+
+import_pack()
+from wan22_cachedit.nodes.core.cache import CachePlan  # noqa: E402
 
 REPACKAGED = "https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files"
 UMT5_URL = ("https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/"
@@ -20,9 +24,7 @@ def node(id, type, pos, widgets=None, links=None, title=None):
     return {"id": id, "type": type, "pos": pos, "widgets": widgets or {}, "links": links or {}, "title": title}
 
 
-CACHE_DEFAULTS = {"enabled": True, "residual_diff_threshold": 0.24, "first_compute_blocks": 1,
-                  "last_compute_blocks": 0, "max_continuous_cached_steps": 3, "high_warmup_steps": 4,
-                  "high_max_cached_steps": -1, "low_warmup_steps": 2, "low_max_cached_steps": 20}
+CACHE_DEFAULTS = {"enabled": True, **CachePlan().node_inputs()}
 NEGATIVE = ("blurry, low quality, static, overexposed, subtitles, text, watermark, deformed, extra fingers, "
             "still picture, messy background")
 
@@ -35,12 +37,16 @@ def native_text(prompt: str) -> list[dict]:
     ]
 
 
+def schedule_widgets(sampler: str, steps: int, shift: float, scheduler: str = "simple") -> dict:
+    return {"sampler": sampler, "steps": steps, "flow_shift": shift, "boundary": "auto", "boundary_ratio": 0.875,
+            "scheduler": scheduler}
+
+
 def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: int, shift: float) -> list[dict]:
     return [
         node(4, "Wan22ExpertLoader", [20, 260], {"high_noise_model": high, "low_noise_model": low,
                                                  "weight_dtype": "default"}),
-        node(5, "Wan22Schedule", [440, 560], {"sampler": sampler, "steps": steps, "flow_shift": shift,
-                                              "boundary": "auto", "boundary_ratio": 0.875}, {"experts": (4, 0)}),
+        node(5, "Wan22Schedule", [440, 560], schedule_widgets(sampler, steps, shift), {"experts": (4, 0)}),
         node(6, "Wan22CacheDiT", [440, 840], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
     ]
 
@@ -69,7 +75,7 @@ def t2v() -> dict:
     high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
     nodes = native_text("A red fox trots through fresh snow in a birch forest at sunrise, its breath visible, "
                         "the camera tracking beside it at ground level.")
-    nodes += experts_schedule_cache("t2v", high, low, "unipc", 40, 12.0)
+    nodes += experts_schedule_cache("t2v", high, low, "uni_pc", 40, 12.0)
     nodes.append(node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 832, "height": 480, "length": 81,
                                                                "batch_size": 1}))
     nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (4.0, 3.0), True, "video/wan22_t2v")
@@ -81,7 +87,7 @@ def low_noise_t2i() -> dict:
     low = "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
     nodes = native_text("A lighthouse on a rocky cliff under a stormy sky, waves breaking below, dramatic light, "
                         "highly detailed photograph.")
-    nodes += experts_schedule_cache("t2v", "none", low, "unipc", 30, 3.0)
+    nodes += experts_schedule_cache("t2v", "none", low, "uni_pc", 30, 3.0)
     nodes.append(node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 1280, "height": 720, "length": 1,
                                                                "batch_size": 1}))
     nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (3.5, 3.5), False, "wan22_t2i")
@@ -92,7 +98,7 @@ def low_noise_t2i() -> dict:
 def i2v() -> dict:
     high, low = "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors"
     nodes = native_text("The scene comes alive: light shifts slowly across the frame as the camera pushes in.")
-    nodes += experts_schedule_cache("i2v", high, low, "unipc", 40, 5.0)
+    nodes += experts_schedule_cache("i2v", high, low, "uni_pc", 40, 5.0)
     nodes += [
         node(15, "LoadImage", [20, 480], {"image": START_IMAGE}, title="Start Image"),
         node(16, "VAELoader", [20, 900], {"vae_name": VAE}),
@@ -105,25 +111,28 @@ def i2v() -> dict:
 
 
 def t2v_lightx2v_4steps() -> dict:
-    """ComfyUI's own Wan2.2 14B T2V template with its 4-step LightX2V LoRAs (same files, 4 euler steps,
-    CFG 1, shift 5), the switch derived from the boundary (2 / 2) instead of typed. No Cache-DiT node:
-    with its default warm-ups it can skip none of 2 + 2 steps."""
+    """ComfyUI's own Wan2.2 14B T2V template with its 4-step LightX2V LoRAs: its own Load Diffusion Model and
+    LoraLoaderModelOnly nodes (same files, strength 1), then our bridge, schedule (euler/simple, 4 steps,
+    shift 5) and sampler (CFG 1) instead of its two KSamplerAdvanced: the switch is derived from the
+    boundary (2 / 2) instead of typed. No Cache-DiT node: with its default warm-ups it can skip none of
+    2 + 2 steps."""
     high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
     nodes = native_text("Beautiful young European woman with honey blonde hair gracefully turning her head back "
                         "over shoulder, gentle smile, bright eyes looking at camera. Hair flowing in slow motion "
                         "as she turns. Soft natural lighting, clean background, cinematic slow-motion portrait.")
     nodes += [
-        node(4, "Wan22ExpertLoader", [20, 560], {"high_noise_model": high, "low_noise_model": low,
-                                                 "weight_dtype": "default"}),
-        node(17, "Wan22LoraLoader", [440, 560], {"high_noise_lora": LORA_NAMES["high"], "high_noise_strength": 1.0,
-                                                 "low_noise_lora": LORA_NAMES["low"], "low_noise_strength": 1.0},
-             {"experts": (4, 0)}, "LightX2V 4-step LoRAs"),
-        node(5, "Wan22Schedule", [440, 860], {"sampler": "euler", "steps": 4, "flow_shift": 5.0,
-                                              "boundary": "auto", "boundary_ratio": 0.875}, {"experts": (17, 0)}),
+        node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
+        node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),
+        node(20, "LoraLoaderModelOnly", [440, 560], {"lora_name": LORA_NAMES["high"], "strength_model": 1.0},
+             {"model": (18, 0)}, "LightX2V 4-step LoRA (high noise)"),
+        node(21, "LoraLoaderModelOnly", [440, 720], {"lora_name": LORA_NAMES["low"], "strength_model": 1.0},
+             {"model": (19, 0)}, "LightX2V 4-step LoRA (low noise)"),
+        node(4, "Wan22ExpertsFromModel", [440, 880], links={"high_noise_model": (20, 0), "low_noise_model": (21, 0)}),
+        node(5, "Wan22Schedule", [440, 1000], schedule_widgets("euler", 4, 5.0), {"experts": (4, 0)}),
         node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 640, "height": 640, "length": 81, "batch_size": 1}),
     ]
     nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (1.0, 1.0), True, "video/wan22_t2v_lightx2v",
-                                 experts_from=(17, 0))
+                                 experts_from=(4, 0))
     return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
                                        model(LORA_NAMES["high"], "loras"), model(LORA_NAMES["low"], "loras"),
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
@@ -135,8 +144,7 @@ def tiny_demo() -> dict:
         node(4, "Wan22ExpertLoader", [20, 40], {"high_noise_model": "wan2.2_t2v_high_noise_14B_fp16.safetensors",
                                                 "low_noise_model": "wan2.2_t2v_low_noise_14B_fp16.safetensors",
                                                 "weight_dtype": "default"}),
-        node(5, "Wan22Schedule", [20, 260], {"sampler": "unipc", "steps": 20, "flow_shift": 12.0,
-                                             "boundary": "auto", "boundary_ratio": 0.875}, {"experts": (4, 0)}),
+        node(5, "Wan22Schedule", [20, 260], schedule_widgets("uni_pc", 20, 12.0), {"experts": (4, 0)}),
         node(6, "Wan22CacheDiT", [20, 540], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
         node(3, "Wan22TextEncode", [440, 40], {"model_folder": TEXT_FOLDER,
                                                "prompt": "a red cat walks in the rain in the city at night, camera pans",

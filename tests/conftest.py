@@ -115,3 +115,21 @@ def standin_server(tmp_path_factory):
     write_standins(str(base / "models"), str(base / "input"))
     with ComfyServer(str(base)) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def native_text_server(tmp_path_factory):
+    """A real ComfyUI server whose umt5 stand-in really runs: full size (6.7 GB, deleted afterwards; see
+    devtools/umt5_standin.py), so every native node of the shipped workflows and of ComfyUI's own template
+    runs. One for the whole session: the file is written once, and ComfyUI's cache keeps text encodings that
+    several prompts share."""
+    from devtools.comfy_server import ComfyServer
+    from devtools.standins import UMT5, write_standins
+
+    base = tmp_path_factory.mktemp("native_text_base")
+    write_standins(str(base / "models"), str(base / "input"), working_umt5=True)
+    try:
+        with ComfyServer(str(base)) as running:
+            yield running
+    finally:
+        os.remove(base / "models" / "text_encoders" / UMT5)

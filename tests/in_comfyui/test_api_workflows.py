@@ -7,7 +7,6 @@ import os
 import pytest
 
 from devtools.paths import ROOT
-from devtools.standins import UMT5
 from devtools.workflow_specs import WORKFLOWS
 
 API_DIR = os.path.join(ROOT, "example_workflows", "api")
@@ -25,19 +24,8 @@ def server(standin_server):
 
 
 @pytest.fixture(scope="module")
-def native_server(tmp_path_factory):
-    """A server whose umt5 stand-in really runs: full size (6.7 GB, deleted afterwards; see
-    devtools/umt5_standin.py), so every native node of the shipped workflows runs."""
-    from devtools.comfy_server import ComfyServer
-    from devtools.standins import write_standins
-
-    base = tmp_path_factory.mktemp("native_text_base")
-    write_standins(str(base / "models"), str(base / "input"), working_umt5=True)
-    try:
-        with ComfyServer(str(base)) as running:
-            yield running
-    finally:
-        os.remove(base / "models" / "text_encoders" / UMT5)
+def native_server(native_text_server):
+    return native_text_server
 
 
 def report_of(entry):
@@ -45,17 +33,21 @@ def report_of(entry):
                       ["text"][0])
 
 
+# A hang guard only: the as-shipped 640x640x81 LightX2V video takes about 5 minutes on two idle cores.
+HANG_GUARD_S = 3600
+
+
 def run(server, prompt):
     status, body = server.queue(prompt)
     assert status == 200 and body["node_errors"] == {}, body
-    return server.wait(body["prompt_id"], timeout=600)
+    return server.wait(body["prompt_id"], timeout=HANG_GUARD_S)
 
 
 def test_the_demo_api_workflow_succeeds_and_reports_the_split_and_the_cache(server):
     entry = run(server, api_workflow("wan22_tiny_demo"))
     assert entry["status"]["status_str"] == "success"
     report = json.loads(entry["outputs"]["14"]["text"][0])
-    assert report["split"] == {"high": 13, "low": 7} and report["cache"]["low"]["cached_steps"]
+    assert report["split"] == {"high": 14, "low": 6} and report["cache"]["low"]["cached_steps"]
 
 
 def with_tiny_size(prompt, steps=8):
@@ -82,24 +74,23 @@ def test_every_native_text_workflow_runs_end_to_end(native_server, name):
 
 
 def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_template_files(native_server):
-    """ComfyUI's own Wan2.2 14B T2V template, 4-step LightX2V LoRAs: through our nodes the switch comes from
-    the boundary (0.875 -> 2 / 2), on stand-ins named as the template's files."""
+    """ComfyUI's own Wan2.2 14B T2V template, 4-step LightX2V LoRAs: its own loader and LoRA nodes feed our
+    bridge, and the switch comes from the boundary (0.875 -> 2 / 2), on stand-ins named as its files."""
     api = api_workflow("wan22_t2v_a14b_lightx2v_4steps")
-    lora = next(v for v in api.values() if v["class_type"] == "Wan22LoraLoader")["inputs"]
-    assert (lora["high_noise_lora"], lora["low_noise_lora"]) == (
-        "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
-        "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors")
+    loras = sorted(v["inputs"]["lora_name"] for v in api.values() if v["class_type"] == "LoraLoaderModelOnly")
+    assert loras == ["wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+                     "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"]
     sched = next(v for v in api.values() if v["class_type"] == "Wan22Schedule")["inputs"]
     sampler = next(v for v in api.values() if v["class_type"] == "Wan22TwoStageSampler")["inputs"]
-    assert (sched["sampler"], sched["steps"], sched["flow_shift"], sched["boundary"]) == ("euler", 4, 5.0, "auto")
+    assert (sched["sampler"], sched["scheduler"], sched["steps"], sched["flow_shift"], sched["boundary"]) == (
+        "euler", "simple", 4, 5.0, "auto")
     assert (sampler["cfg_high"], sampler["cfg_low"]) == (1.0, 1.0)
     entry = run(native_server, with_tiny_size(api, steps=4))
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_of(entry)
     assert report["split"] == {"high": 2, "low": 2} and report["boundary_ratio"] == 0.875
-    assert report["forward_passes"] == {"high": 2, "low": 2}
-    assert [u["file"] for u in report["loras"]["high"]] == [lora["high_noise_lora"]]
-    assert [u["file"] for u in report["loras"]["low"]] == [lora["low_noise_lora"]]
+    assert report["sigmas"] == [1.0, 0.9375, 0.833333, 0.625, 0.0]
+    assert report["transformer_calls"] == {"high": 2, "low": 2}
 
 
 AS_SHIPPED = {"wan22_t2v_a14b_lightx2v_4steps": {"high": 2, "low": 2}, "wan22_low_noise_t2i": {"high": 0, "low": 30}}

@@ -27,16 +27,27 @@ def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(server
     sched = info["Wan22Schedule"]
     assert list(sched["input"]["required"]) == ["experts", "sampler", "steps", "flow_shift", "boundary",
                                                 "boundary_ratio"]
-    assert sched["output"] == ["WAN22_SCHEDULE", "INT", "INT"]
-    assert sched["output_name"] == ["schedule", "high_steps", "low_steps"]
+    assert list(sched["input"]["optional"]) == ["scheduler"]  # added after the existing inputs
+    assert sched["output"] == ["WAN22_SCHEDULE", "INT", "INT", "SIGMAS", "SIGMAS"]
+    assert sched["output_name"] == ["schedule", "high_steps", "low_steps", "sigmas_high", "sigmas_low"]
+    weight_dtypes = loader_info["input"]["required"]["weight_dtype"][1]["options"]
+    assert weight_dtypes == ["default", "fp32", "bf16", "fp16", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]
+    bridge = info["Wan22ExpertsFromModel"]
+    assert {name: spec[0] for name, spec in bridge["input"]["optional"].items()} == {"high_noise_model": "MODEL",
+                                                                                      "low_noise_model": "MODEL"}
+    assert bridge["output"] == ["WAN22_EXPERTS"]
+    cache = info["Wan22CacheDiT"]["input"]
+    assert list(cache["optional"]) == ["calibrator"] and cache["optional"]["calibrator"][1]["options"] == ["none",
+                                                                                                       "taylorseer"]
 
 
 def test_a_queued_prompt_runs_and_its_history_carries_the_split(server, tiny_models):
     names = tiny_models["names"]
     status, body = server.queue(schedule_prompt(loader(names[("t2v", "high", "fp16")],
-                                                       names[("t2v", "low", "fp16")]), flow_shift=5.0))
+                                                       names[("t2v", "low", "fp16")]), sampler="euler",
+                                                flow_shift=5.0))
     assert status == 200, body
-    entry = server.wait(body["prompt_id"], timeout=120)
+    entry = server.wait(body["prompt_id"], timeout=600)
     assert entry["status"]["status_str"] == "success"
     assert entry["outputs"]["2"]["split"][0]["high"] == 17 and entry["outputs"]["2"]["split"][0]["low"] == 23
     assert entry["outputs"]["3"]["text"] == ["17"]
@@ -52,7 +63,8 @@ def test_an_invalid_prompt_is_refused_at_queue_time_with_the_input_named(server,
 
 
 def split_request(server, loader_type, values, **schedule):
-    body = {"loader": {"type": loader_type, "values": values}, "sampler": "unipc", "steps": 40, "flow_shift": 12.0,
+    loader = {"type": loader_type, "models" if loader_type == "Wan22ExpertsFromModel" else "values": values}
+    body = {"loader": loader, "sampler": "euler", "scheduler": "simple", "steps": 40, "flow_shift": 12.0,
             "boundary": "auto", "boundary_ratio": 0.875, **schedule}
     return server.post("/wan22/split", body)
 
@@ -63,9 +75,19 @@ def test_the_live_split_route_answers_with_the_nodes_own_split(server, tiny_mode
     assert split_request(server, "Wan22ExpertLoader", both, flow_shift=5.0)[1]["high"] == 17
     status, answer = split_request(server, "Wan22ExpertLoader", both, flow_shift=12.0)
     assert status == 200 and (answer["high"], answer["low"]) == (26, 14)
-    assert answer["summary"] == "unipc, 40 steps, shift 12, boundary 0.875 (model_default): 26 high / 14 low"
+    assert answer["summary"] == "euler/simple, 40 steps, shift 12, boundary 0.875 (model_default): 26 high / 14 low"
+    status, answer = split_request(server, "Wan22ExpertLoader", both, sampler="unipc", flow_shift=5.0)
+    assert answer["summary"].startswith("uni_pc/simple") and answer["high"] == 18  # an old name, as the node runs it
     i2v = {"high_noise_model": names[("i2v", "high", "fp8_scaled")], "low_noise_model": names[("i2v", "low", "fp16")]}
     assert split_request(server, "Wan22ExpertLoader", i2v, flow_shift=5.0)[1]["boundary_ratio"] == 0.9
+    # The MODEL bridge: which inputs are connected, and the file behind them when the canvas finds one.
+    bridged = {"high": {"unet_name": names[("i2v", "high", "fp16")]}, "low": {}}
+    status, answer = split_request(server, "Wan22ExpertsFromModel", bridged, flow_shift=5.0)
+    assert (status, answer["boundary_ratio"], answer["boundary_known"]) == (200, 0.9, True)
+    status, answer = split_request(server, "Wan22ExpertsFromModel", {"high": {}, "low": {}}, flow_shift=12.0)
+    assert (answer["high"], answer["boundary_ratio"], answer["boundary_known"]) == (26, 0.875, False)
+    status, answer = split_request(server, "Wan22ExpertsFromModel", {"high": None, "low": {}})
+    assert (answer["high"], answer["low"], answer["boundary_source"]) == (0, 40, "low_noise_only")
     low_only = {"high_noise_model": "none", "low_noise_model": names[("t2v", "low", "fp16")]}
     status, answer = split_request(server, "Wan22ExpertLoader", low_only, sampler="euler")
     assert (answer["high"], answer["low"], answer["boundary_source"]) == (0, 40, "low_noise_only")
@@ -82,3 +104,7 @@ def test_the_live_split_route_explains_what_is_wrong(server, tiny_models):
     assert status == 400 and answer["error"].startswith("flow_shift:")
     status, answer = split_request(server, "KSampler", {})
     assert status == 400 and "connect the experts input to a Wan2.2 expert loader" in answer["error"]
+    status, answer = split_request(server, "Wan22ExpertsFromModel", {"high": None, "low": None})
+    assert status == 400 and "connect the MODEL of at least one expert" in answer["error"]
+    status, answer = split_request(server, "Wan22ExpertLoader", low, scheduler="cosine")
+    assert status == 400 and answer["error"].startswith("scheduler: unknown scheduler 'cosine'")

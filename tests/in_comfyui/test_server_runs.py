@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from devtools.comfy_server import ComfyServer
 
-from .sampler_prompts import t2v_prompt
+from .prompts import loader, our_prompt
 
 
 def start_server(tmp_path_factory, tiny_models, name):
@@ -27,8 +27,8 @@ def server(tmp_path_factory, tiny_models):
 
 def prompt_for(tiny, seed, prefix, steps=8, **kw):
     n = tiny["names"]
-    return t2v_prompt(n[("t2v", "high", "fp16")], n[("t2v", "low", "fp16")], n[("t2v", "diffusers")], steps=steps,
-                      seed=seed, decode=False, save_latent_prefix=f"latents/{prefix}", **kw)
+    return our_prompt(loader(n[("t2v", "high", "fp16")], n[("t2v", "low", "fp16")]), n[("t2v", "diffusers")],
+                      steps=steps, seed=seed, save_latent_prefix=f"latents/{prefix}", **kw)
 
 
 def run_and_load(server, prompt) -> torch.Tensor:

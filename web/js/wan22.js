@@ -1,38 +1,72 @@
 // Wan2.2 Cache-DiT on the canvas: socket colours, the schedule's split shown live as its widgets
 // change (computed on the server by the node's own function), boundary_ratio only when the boundary is
-// custom, and what each node reported after a run (the split, the cache savings).
+// custom, old sampler names shown as the ComfyUI samplers they now run, and what each node reported after
+// a run (the split, the cache savings).
 import { app } from "../../../scripts/app.js";
 import { api } from "../../../scripts/api.js";
 
+const EXPERTS = "WAN22_EXPERTS";
 const SOCKET_COLOURS = { WAN22_EXPERTS: "#b06ad9", WAN22_SCHEDULE: "#3fb6a8" };
-const LOADERS = new Set(["Wan22ExpertLoader", "Wan22DiffusersExpertLoader"]);
-const PASS_THROUGH = new Set(["Wan22CacheDiT", "Wan22LoraLoader"]); // experts in -> experts out
-const NODES_WITH_RESULTS = new Set([
-  "Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22LoraLoader", "Wan22Schedule", "Wan22CacheDiT",
-  "Wan22TwoStageSampler",
-]);
+// What the server's node definitions say, collected as they register: nodes that make experts, and nodes
+// that take experts and give experts back (Cache-DiT, LoRA, any future one).
+const LOADERS = new Set();
+const PASS_THROUGH = new Set();
+const BRIDGE = "Wan22ExpertsFromModel";
+const EXPERT_INPUTS = { high: "high_noise_model", low: "low_noise_model" };
+// Workflows saved before the pack ran ComfyUI's own samplers (the server maps them the same way).
+const OLD_SAMPLERS = { unipc: "uni_pc", dpmpp: "dpmpp_2m" };
 const LINE_HEIGHT = 16;
 const PREVIEW_DELAY_MS = 150;
+
+function typeOf(node) {
+  return node?.type ?? node?.comfyClass;
+}
 
 function widgetValues(node) {
   return Object.fromEntries((node.widgets ?? []).map((w) => [w.name, w.value]));
 }
 
-// The loader behind a node's experts input, through any pass-through nodes (Cache-DiT, LoRA).
+function sourceOf(node, inputName) {
+  const input = node.inputs?.find((i) => i.name === inputName);
+  if (input?.link == null) return null;
+  return node.graph?.getNodeById(node.graph.links[input.link]?.origin_id) ?? null;
+}
+
+// The node that makes the experts behind a node's experts input, through any pass-through nodes.
 function upstreamLoader(node) {
   let current = node;
   for (let hops = 0; hops < 32 && current; hops++) {
-    const slot = current.inputs?.findIndex((i) => i.name === "experts");
-    if (slot === undefined || slot < 0) return null;
-    const link = current.inputs[slot].link;
-    if (link == null) return null;
-    const source = current.graph?.getNodeById(current.graph.links[link]?.origin_id);
+    const source = sourceOf(current, "experts");
     if (!source) return null;
-    if (LOADERS.has(source.type ?? source.comfyClass)) return source;
-    if (!PASS_THROUGH.has(source.type ?? source.comfyClass)) return null;
+    if (LOADERS.has(typeOf(source))) return source;
+    if (!PASS_THROUGH.has(typeOf(source))) return null;
     current = source;
   }
   return null;
+}
+
+// For the MODEL bridge: per expert, null when unconnected, else the file of the loader behind it (through
+// LoRA loaders and model patches), when one can be found.
+function bridgedModels(bridge) {
+  const models = {};
+  for (const [role, inputName] of Object.entries(EXPERT_INPUTS)) {
+    let source = sourceOf(bridge, inputName);
+    models[role] = source ? {} : null;
+    for (let hops = 0; hops < 32 && source; hops++) {
+      const unet = source.widgets?.find((w) => w.name === "unet_name");
+      if (unet) {
+        models[role] = { unet_name: unet.value };
+        break;
+      }
+      source = sourceOf(source, "model");
+    }
+  }
+  return models;
+}
+
+function loaderBody(loader) {
+  const type = typeOf(loader);
+  return type === BRIDGE ? { type, models: bridgedModels(loader) } : { type, values: widgetValues(loader) };
 }
 
 function setLines(node, key, text) {
@@ -44,13 +78,14 @@ function setLines(node, key, text) {
 }
 
 async function refreshPreview(node) {
+  const ticket = (node.wan22Ticket = (node.wan22Ticket ?? 0) + 1); // a reply still on its way is now stale
   const loader = upstreamLoader(node);
   if (!loader) {
+    node.wan22Split = null;
     setLines(node, "wan22Preview", "connect a Wan2.2 expert loader to see the split");
     return;
   }
-  const body = { loader: { type: loader.type ?? loader.comfyClass, values: widgetValues(loader) }, ...widgetValues(node) };
-  const ticket = (node.wan22Ticket = (node.wan22Ticket ?? 0) + 1);
+  const body = { loader: loaderBody(loader), ...widgetValues(node) };
   try {
     const response = await api.fetchApi("/wan22/split", { method: "POST", body: JSON.stringify(body) });
     const answer = await response.json();
@@ -59,7 +94,8 @@ async function refreshPreview(node) {
       ? `split: ${answer.error}`
       : `will run: ${answer.high} high / ${answer.low} low` +
         (answer.boundary_ratio == null ? ` (${answer.boundary_source.replaceAll("_", " ")})`
-                                       : ` (boundary ${answer.boundary_ratio}, ${answer.boundary_source.replace("_", " ")})`);
+                                       : ` (boundary ${answer.boundary_ratio}, ${answer.boundary_source.replace("_", " ")}` +
+                                         (answer.boundary_known ? ")" : ", text-to-video assumed)"));
     node.wan22Split = answer.error ? null : answer;
     setLines(node, "wan22Preview", text);
   } catch (error) {
@@ -85,8 +121,13 @@ function showBoundaryRatio(node) {
 
 function refreshSchedulesOf(graph) {
   for (const node of graph?._nodes ?? []) {
-    if ((node.type ?? node.comfyClass) === "Wan22Schedule") schedulePreview(node);
+    if (typeOf(node) === "Wan22Schedule") schedulePreview(node);
   }
+}
+
+function showNewSamplerName(node) {
+  const sampler = node.widgets?.find((w) => w.name === "sampler");
+  if (sampler && OLD_SAMPLERS[sampler.value]) sampler.value = OLD_SAMPLERS[sampler.value];
 }
 
 function onWidgetChange(node, handler) {
@@ -129,6 +170,9 @@ app.registerExtension({
   },
 
   async beforeRegisterNodeDef(nodeType, nodeData) {
+    const inputs = { ...(nodeData.input?.required ?? {}), ...(nodeData.input?.optional ?? {}) };
+    const makesExperts = (nodeData.output ?? []).includes(EXPERTS);
+    if (makesExperts) (inputs.experts?.[0] === EXPERTS ? PASS_THROUGH : LOADERS).add(nodeData.name);
     // Hooks on the node class (not `nodeCreated`, which runs before the widgets exist).
     if (nodeData.name === "Wan22Schedule") {
       chain(nodeType, "onNodeCreated", function () {
@@ -136,12 +180,14 @@ app.registerExtension({
         showBoundaryRatio(this);
         schedulePreview(this);
       });
-      chain(nodeType, "onConfigure", function () { showBoundaryRatio(this); schedulePreview(this); });
+      chain(nodeType, "onConfigure", function () { showNewSamplerName(this); showBoundaryRatio(this); schedulePreview(this); });
       chain(nodeType, "onConnectionsChange", function () { schedulePreview(this); });
-    } else if (LOADERS.has(nodeData.name)) {
+    } else if (makesExperts || inputs.unet_name) {
+      // A loader's files (ours, or Load Diffusion Model behind the bridge) decide the split too.
       chain(nodeType, "onNodeCreated", function () { onWidgetChange(this, () => refreshSchedulesOf(this.graph)); });
+      chain(nodeType, "onConnectionsChange", function () { refreshSchedulesOf(this.graph); });
     }
-    if (!NODES_WITH_RESULTS.has(nodeData.name)) return;
+    if (!makesExperts && nodeData.name !== "Wan22Schedule" && nodeData.name !== "Wan22TwoStageSampler") return;
 
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {

@@ -1,0 +1,114 @@
+"""ComfyUI's own Wan2.2 14B text-to-video template, taken from the installed templates package and converted
+by the real frontend: with its two KSamplerAdvanced replaced by our schedule and sampler, fed by its own
+loader and LoRA nodes, it gives bit for bit the latent it gives unmodified (on stand-ins named as its files)."""
+
+import copy
+import glob
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .canvas import frontend_prompt, load
+
+HANG_GUARD_S = 3600  # two 4-step runs at 64x64x5 and one umt5 encoding take a few minutes here
+
+
+def template_path() -> str:
+    import comfyui_workflow_templates_json
+
+    return os.path.join(os.path.dirname(comfyui_workflow_templates_json.__file__), "templates",
+                        "video_wan2_2_14B_t2v.json")
+
+
+def lightning_template_at_a_tiny_size() -> dict:
+    """The template with its own "Enable Lightning LoRA" switch on (4 steps, CFG 1, switch at step 2, the
+    LightX2V LoRAs), at 64x64 and 5 frames (length = floor(16 fps x 0.25 s) + 1). Nothing else changes."""
+    with open(template_path()) as f:
+        template = json.load(f)
+    (subgraph,) = template["definitions"]["subgraphs"]
+    nodes = {n.get("title") or n["type"]: n for n in subgraph["nodes"]}
+    nodes["Enable Lightning LoRA"]["widgets_values"][0] = True
+    nodes["Float (Duration)"]["widgets_values"][0] = 0.25
+    nodes["EmptyHunyuanLatentVideo"]["widgets_values"][:2] = [64, 64]
+    return template
+
+
+def the_two_ksamplers(prompt: dict) -> tuple[str, str]:
+    ids = [k for k, v in prompt.items() if v["class_type"] == "KSamplerAdvanced"]
+    (high,) = [k for k in ids if prompt[k]["inputs"]["add_noise"] == "enable"]
+    (low,) = [k for k in ids if k != high]
+    return high, low
+
+
+def with_our_schedule_and_sampler(prompt: dict) -> dict:
+    """The same graph with our nodes where its two KSamplerAdvanced (and their ModelSamplingSD3) were: the
+    MODELs the template's LoRA nodes give feed our bridge; steps, sampler, scheduler, shift, seed and CFGs are
+    the template's own (the same links or values)."""
+    ours = copy.deepcopy(prompt)
+    high_id, low_id = the_two_ksamplers(ours)
+    high, low = ours.pop(high_id)["inputs"], ours.pop(low_id)["inputs"]
+    high_shift, low_shift = ours.pop(high["model"][0]), ours.pop(low["model"][0])
+    assert high_shift["class_type"] == low_shift["class_type"] == "ModelSamplingSD3"
+    assert high_shift["inputs"]["shift"] == low_shift["inputs"]["shift"]
+    ours["900"] = {"class_type": "Wan22ExpertsFromModel",
+                   "inputs": {"high_noise_model": high_shift["inputs"]["model"],
+                              "low_noise_model": low_shift["inputs"]["model"]}}
+    ours["901"] = {"class_type": "Wan22Schedule",
+                   "inputs": {"experts": ["900", 0], "sampler": high["sampler_name"], "scheduler": high["scheduler"],
+                              "steps": high["steps"], "flow_shift": high_shift["inputs"]["shift"], "boundary": "auto",
+                              "boundary_ratio": 0.875}}
+    ours["902"] = {"class_type": "Wan22TwoStageSampler",
+                   "inputs": {"experts": ["900", 0], "schedule": ["901", 0], "positive": high["positive"],
+                              "negative": high["negative"], "latent_image": high["latent_image"],
+                              "seed": high["noise_seed"], "cfg_high": high["cfg"], "cfg_low": low["cfg"]}}
+    for node in ours.values():  # whatever read the second KSamplerAdvanced's latent reads ours
+        for name, value in node["inputs"].items():
+            if value == [low_id, 0]:
+                node["inputs"][name] = ["902", 0]
+    return ours
+
+
+def saving_the_latent(prompt: dict, source: list, prefix: str) -> dict:
+    return {**prompt, "999": {"class_type": "SaveLatent", "inputs": {"samples": source, "filename_prefix": prefix}}}
+
+
+def run_for_latent(server, prompt: dict) -> tuple[torch.Tensor, dict]:
+    status, body = server.queue(prompt)
+    assert status == 200 and body["node_errors"] == {}, body
+    entry = server.wait(body["prompt_id"], timeout=HANG_GUARD_S)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    prefix = prompt["999"]["inputs"]["filename_prefix"]
+    (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
+    return load_file(path)["latent_tensor"], entry
+
+
+@pytest.fixture(scope="module")
+def template_prompt(page):
+    load(page, lightning_template_at_a_tiny_size())
+    return frontend_prompt(page)
+
+
+def test_the_template_converts_to_its_two_ksamplers_with_the_lightning_set_up(template_prompt):
+    high, low = (template_prompt[k]["inputs"] for k in the_two_ksamplers(template_prompt))
+    assert (high["sampler_name"], high["scheduler"], high["start_at_step"]) == ("euler", "simple", 0)
+    assert (high["return_with_leftover_noise"], low["add_noise"]) == ("enable", "disable")
+    loras = sorted(v["inputs"]["lora_name"] for v in template_prompt.values()
+                   if v["class_type"] == "LoraLoaderModelOnly")
+    assert loras == ["wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+                     "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"]
+
+
+def test_our_schedule_and_sampler_in_the_official_template_give_its_latent_bit_for_bit(template_prompt,
+                                                                                       native_text_server):
+    _, low_id = the_two_ksamplers(template_prompt)
+    theirs, _ = run_for_latent(native_text_server, saving_the_latent(template_prompt, [low_id, 0], "template/theirs"))
+    ours_prompt = with_our_schedule_and_sampler(template_prompt)
+    ours, entry = run_for_latent(native_text_server, saving_the_latent(ours_prompt, ["902", 0], "template/ours"))
+    report = entry["outputs"]["902"]["report"][0]
+    # The switch the template types at step 2 is the one the boundary gives on its own sigmas.
+    assert report["split"] == {"high": 2, "low": 2} and report["sigmas"] == [1.0, 0.9375, 0.833333, 0.625, 0.0]
+    assert [u["file"] for u in report["loras"]["high"]] == []  # the LoRAs are the template's own nodes
+    assert theirs.shape == (1, 16, 2, 8, 8) and torch.equal(ours, theirs)
