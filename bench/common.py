@@ -1,5 +1,4 @@
-"""Shared set-up for the benchmarks: the pack imported under its own name, experts of a stated size,
-inputs shaped like a real run's, and interleaved timing."""
+"""Shared set-up for the benchmarks: text embeddings shaped like a real run's, and interleaved timing."""
 
 from __future__ import annotations
 
@@ -13,13 +12,6 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-
-
-def pack():
-    """The pack as a package of its own name (its `nodes` must not be a top-level module)."""
-    from devtools.paths import import_pack
-
-    return import_pack()
 
 
 class Timer:
@@ -42,9 +34,9 @@ class Timer:
         return result, time.perf_counter() - started
 
 
-def interleaved(timer: Timer, runs: dict, repeats: int, before=None) -> dict:
+def interleaved(timer: Timer, runs: dict, repeats: int) -> dict:
     """Runs each callable `repeats` times, alternating their order round by round so that machine noise
-    falls on all of them alike; `before()`, untimed, precedes every run. Returns {name: (last result,
+    falls on all of them alike. Returns {name: (last result,
     median seconds, all seconds)}."""
     names = list(runs)
     times = {name: [] for name in names}
@@ -52,8 +44,6 @@ def interleaved(timer: Timer, runs: dict, repeats: int, before=None) -> dict:
     for r in range(repeats):
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
-            if before is not None:
-                before()
             results[name], seconds = timer(runs[name])
             times[name].append(seconds)
     return {name: (results[name], statistics.median(times[name]), times[name]) for name in names}
@@ -65,15 +55,3 @@ def text_embeddings(seed: int, tokens: int = 512, real: int = 24, width: int = 4
     out = torch.zeros(1, tokens, width)
     out[:, :real] = torch.randn(1, real, width, generator=g)
     return out
-
-
-def drop_page_cache() -> bool:
-    """Empties the kernel's page cache (root only), so that a file read really reads the disk, as the
-    first load of a 14 GB expert does. Returns False where it is not allowed."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False

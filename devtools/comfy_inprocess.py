@@ -1,7 +1,8 @@
 """A real ComfyUI loaded in this process, running API-format prompts without a server socket.
 
-Import order matters (see shared/reference/comfyui.md): CLI args before `comfy.model_management`,
-and `utils.extra_config`, `execution`, `server` before `nodes`.
+Import order matters: ComfyUI's CLI args must be set before anything imports `comfy.model_management`,
+and `utils.extra_config`, `execution` and `server` must come before `nodes` (which puts `comfy/` on
+sys.path, after which `import utils` would find `comfy/utils.py`).
 """
 
 from __future__ import annotations
@@ -36,14 +37,14 @@ class PromptResult:
 
 
 class InProcessComfy:
-    def __init__(self, base_dir: str):
+    def __init__(self, base_dir: str, cpu: bool = True):
         self.base_dir = make_base_directory(base_dir)
         # ComfyUI first on the path: the checkout's own `nodes/` package must not shadow ComfyUI's nodes.py.
         if COMFYUI_DIR in sys.path:
             sys.path.remove(COMFYUI_DIR)
         sys.path.insert(0, COMFYUI_DIR)
         from comfy.cli_args import args
-        args.cpu = True
+        args.cpu = cpu
         args.base_directory = self.base_dir
         import utils.extra_config  # noqa: F401  (before `nodes`, see above)
         import execution

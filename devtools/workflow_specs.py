@@ -25,8 +25,15 @@ def node(id, type, pos, widgets=None, links=None, title=None):
 
 
 CACHE_DEFAULTS = {"enabled": True, **CachePlan().node_inputs()}
-NEGATIVE = ("blurry, low quality, static, overexposed, subtitles, text, watermark, deformed, extra fingers, "
-            "still picture, messy background")
+# Wan2.2's own default negative prompt, as ComfyUI's Wan2.2 templates carry it (garish colours, overexposed,
+# static, blurry details, subtitles, ... worst quality, low quality, JPEG artefacts, ugly, extra fingers, ...).
+NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，"
+            "残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，"
+            "三条腿，背景人很多，倒着走，裸露，NSFW")
+# The positive prompt of ComfyUI's Wan2.2 14B text-to-video template.
+TEMPLATE_PROMPT = ("Beautiful young European woman with honey blonde hair gracefully turning her head back over shoulder, "
+                   "gentle smile, bright eyes looking at camera. Hair flowing in slow motion as she turns. Soft natural "
+                   "lighting, clean background, cinematic slow-motion portrait.")
 
 
 def native_text(prompt: str) -> list[dict]:
@@ -117,9 +124,7 @@ def t2v_lightx2v_4steps() -> dict:
     boundary (2 / 2) instead of typed. No Cache-DiT node: with its default warm-ups it can skip none of
     2 + 2 steps."""
     high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
-    nodes = native_text("Beautiful young European woman with honey blonde hair gracefully turning her head back "
-                        "over shoulder, gentle smile, bright eyes looking at camera. Hair flowing in slow motion "
-                        "as she turns. Soft natural lighting, clean background, cinematic slow-motion portrait.")
+    nodes = native_text(TEMPLATE_PROMPT)
     nodes += [
         node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
         node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),

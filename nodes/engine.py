@@ -201,8 +201,8 @@ def stage_caches(experts, schedule: RunSchedule, stages: list[Stage]) -> dict:
     caches = {}
     for stage in stages:
         evaluations = sum(core_cache.evaluations_per_step(schedule.sampler, schedule.stage_sigmas(stage.role)))
-        separate = core_cache.needs_uncond(stage.cfg, schedule.sampler)
-        caches[stage.role] = StageCache(plan, stage.role, evaluations, separate)
+        uncond = core_cache.needs_uncond(stage.cfg, schedule.sampler)
+        caches[stage.role] = StageCache(plan, stage.role, evaluations, uncond)
     return caches
 
 
@@ -231,7 +231,7 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
                                     expert=stage.role, evaluations=n) for i, n in enumerate(per_step)]
         if cache is not None:
             record.cache[stage.role] = core_cache.statistics(
-                experts.cache_plan, stage.role, cache.summary, cache.config.strify(), cache.evaluations,
+                experts.cache_plan, stage.role, cache.summary, cache.config.strify(), cache.evaluations, cache.passes,
                 counter.calls, cache.block_forwards, experts.architecture.num_layers)
     return out, record
 

@@ -43,11 +43,21 @@ def refuse_block_patches(transformer_options: dict, role: str) -> None:
 
 class StageCache:
     """cache-dit on one expert's diffusion model for exactly one stage, with a context of its own sized with
-    that stage's evaluations; `stats` holds cache-dit's summary once the stage has run."""
+    that stage's evaluations; `summary` holds cache-dit's own statistics once the stage has run.
 
-    def __init__(self, plan: core.CachePlan, role: str, evaluations: int, separate_cfg: bool):
-        self.plan, self.role, self.evaluations, self.separate_cfg = plan, role, evaluations, separate_cfg
-        self.config = plan.db_cache_config(role, evaluations, separate_cfg)
+    How the conditional and unconditional passes reach the model decides how cache-dit must count them:
+    - "single": CFG 1, one pass per evaluation;
+    - "batched": both passes in one call, as ComfyUI runs them when memory allows: one step per call;
+    - "separate": memory is short, so ComfyUI would call them one after the other, unconditional first;
+      they are then called conditional first (what cache-dit's separate CFG expects), whatever ComfyUI's
+      batching would do step by step.
+    The mode is fixed when the stage starts, with ComfyUI's own batching rule; a stage whose batching
+    changes on the way is stopped rather than cached wrongly."""
+
+    def __init__(self, plan: core.CachePlan, role: str, evaluations: int, uncond: bool):
+        self.plan, self.role, self.evaluations, self.uncond = plan, role, evaluations, uncond
+        self.passes = "single"
+        self.config = None
         self.block_forwards = 0
         self.summary = None
 
@@ -58,15 +68,18 @@ class StageCache:
         model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY, self.calc_cond_batch)
         model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, self.diffusion_model)
 
-    def sampler_sample(self, executor, guider, *args, **kwargs):
+    def sampler_sample(self, executor, guider, sigmas, extra_args, callback, noise, *args, **kwargs):
         # Installed here, not around the whole sampling: ComfyUI has loaded and patched the weights by now,
         # and unpatches them by their block names after this returns.
+        if self.uncond:
+            self.passes = "batched" if batch_fits(guider, noise, chunks=2) else "separate"
+        self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=self.passes == "separate")
         diffusion_model = guider.model_patcher.model.diffusion_model
         counters = []
         try:
             install(diffusion_model, self.config, self.plan.calibrator_config())
             counters = [block.register_forward_hook(self.count_block) for block in diffusion_model.blocks]
-            out = executor(guider, *args, **kwargs)
+            out = executor(guider, sigmas, extra_args, callback, noise, *args, **kwargs)
             self.summary = summary_of(diffusion_model)
             return out
         finally:
@@ -78,21 +91,18 @@ class StageCache:
         self.block_forwards += 1
 
     def calc_cond_batch(self, executor, model, conds, x_in, timestep, model_options):
-        """One transformer call per prompt, the conditional one first. ComfyUI batches the conditional and
-        unconditional passes into one call when memory allows and splits them (unconditional first) when it
-        does not; cache-dit pairs calls as [cond, uncond], so the order must not depend on free memory."""
         refuse_block_patches(model_options.get("transformer_options", {}), self.role)
         present = [i for i, c in enumerate(conds) if c is not None]
-        if len(present) != (2 if self.separate_cfg else 1):
+        if len(present) != (2 if self.uncond else 1):
             raise Wan22InputError("enabled", f"something calls the {ROLE_WORDS[self.role]} expert with {len(present)} "
-                                             f"prompt(s) where its sampler evaluates {'two' if self.separate_cfg else 'one'} "
+                                             f"prompt(s) where its sampler evaluates {2 if self.uncond else 1} "
                                              "(a guidance node or model patch that runs the model again?), so its "
                                              "Cache-DiT context cannot be sized to the run: set enabled to false on the "
                                              "Wan2.2 Cache-DiT node, or remove that node")
-        if not self.separate_cfg:
+        if self.passes != "separate":
             return executor(model, conds, x_in, timestep, model_options)
         out = [torch.zeros_like(x_in) for _ in conds]
-        for i in present:
+        for i in present:  # conds[0] is the conditional prompt: it goes first
             alone = [c if j == i else None for j, c in enumerate(conds)]  # keeps each pass's cond_or_uncond
             out[i] = executor(model, alone, x_in, timestep, model_options)[i]
         return out
@@ -100,17 +110,30 @@ class StageCache:
     def diffusion_model(self, executor, *args, **kwargs):
         options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
         refuse_block_patches(options, self.role)  # patches that come with a prompt's conditioning
+        chunks = len(options.get("cond_or_uncond", ())) or 1
+        if chunks != (2 if self.passes == "batched" else 1):
+            raise Wan22InputError("enabled", f"ComfyUI changed how it batches the prompts in the middle of the "
+                                             f"{ROLE_WORDS[self.role]} stage (its free memory changed), so Cache-DiT "
+                                             "would pair the wrong passes: run the prompt again, or set enabled to "
+                                             "false on the Wan2.2 Cache-DiT node")
         return executor(*args, **kwargs)
+
+
+def batch_fits(guider, noise, chunks: int) -> bool:
+    """ComfyUI's own rule (comfy.samplers._calc_cond_batch) for whether `chunks` prompts go in one call."""
+    shape = [chunks * noise.shape[0]] + list(noise.shape[1:])
+    model = guider.inner_model
+    return model.memory_required(shape) * 1.5 < guider.model_patcher.get_free_memory(noise.device)
 
 
 def install(diffusion_model, config, calibrator_config) -> None:
     import cache_dit
     from cache_dit import BlockAdapter, ForwardPattern
 
-    # Pattern_3: ComfyUI's Wan blocks take x and return x (context, e, freqs as keyword arguments).
-    adapter = BlockAdapter(transformer=diffusion_model, blocks=diffusion_model.blocks,
-                           forward_pattern=ForwardPattern.Pattern_3, check_forward_pattern=False)
     with quiet_cache_dit():
+        # Pattern_3: ComfyUI's Wan blocks take x and return x (context, e, freqs as keyword arguments).
+        adapter = BlockAdapter(transformer=diffusion_model, blocks=diffusion_model.blocks,
+                               forward_pattern=ForwardPattern.Pattern_3, check_forward_pattern=False)
         cache_dit.enable_cache(adapter, cache_config=config, calibrator_config=calibrator_config)
 
 

@@ -81,7 +81,8 @@ class CachePlan:
 
     def db_cache_config(self, role: str, evaluations: int | None, separate_cfg: bool):
         """cache-dit's config for one expert's context. With separate CFG, each evaluation is a pair of
-        transformer calls, the conditional one first (cache-dit's `cfg_compute_first=False`)."""
+        transformer calls, the conditional one first (cache-dit's `cfg_compute_first=False`); without, one
+        call per evaluation (CFG 1, or both prompts batched in it)."""
         from cache_dit import DBCacheConfig
 
         s = self.settings(role)
@@ -194,8 +195,8 @@ def leftovers(module) -> list[str]:
     return found
 
 
-def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: int, calls: int, block_forwards: int,
-               layers: int) -> dict:
+def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: int, passes: str, calls: int,
+               block_forwards: int, layers: int) -> dict:
     """One cached expert's entry in the report: cache-dit's own summary of its context (cached
     evaluations per pass, residual differences against the threshold), the blocks really run against
     a run without cache, and how much the plan could skip at most."""
@@ -203,6 +204,7 @@ def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: in
         "config": config,
         "calibrator": plan.calibrator,
         "evaluations": evaluations,
+        "passes": passes,  # single (CFG 1) | batched (cond and uncond in one call) | separate
         "block_forwards": block_forwards,
         "block_forwards_without_cache": calls * layers,
         "cached_steps": sorted(int(s) for s in (summary.cached_steps if summary else [])),
