@@ -62,11 +62,28 @@ def test_pyproject_carries_what_the_registry_and_comfyui_read():
     assert comfy["DisplayName"] == "Wan2.2 Cache-DiT" and comfy["PublisherId"] and comfy["requires-comfyui"]
 
 
-def test_requirements_leave_torch_to_comfyui():
-    lines = [l.split("#")[0].strip() for l in open(os.path.join(ROOT, "requirements.txt"))]
-    names = {l.split("=")[0].split(">")[0].split("<")[0].strip().lower() for l in lines if l}
-    assert "diffusers" in names and "cache-dit" in names
-    assert not names & {"torch", "torchvision", "torchaudio"}
+def requirement_names(lines) -> dict:
+    """name -> version specifier of requirement lines (comments and blanks dropped)."""
+    import re
+
+    out = {}
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if line:
+            name, spec = re.match(r"([A-Za-z0-9_.-]+)\s*(.*)", line).groups()
+            out[name.lower()] = spec.replace(" ", "")
+    return out
+
+
+def test_requirements_state_lower_bounds_leave_torch_to_comfyui_and_match_pyproject():
+    requirements = requirement_names(open(os.path.join(ROOT, "requirements.txt")))
+    assert {"cache-dit", "diffusers", "safetensors"} <= set(requirements)
+    assert not set(requirements) & {"torch", "torchvision", "torchaudio"}
+    assert not [spec for spec in requirements.values() if "==" in spec]  # exact pins live in constraints.txt
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        assert requirement_names(tomllib.load(f)["project"]["dependencies"]) == requirements
+    pins = requirement_names(open(os.path.join(ROOT, "devtools", "constraints.txt")))
+    assert all(pins[name].startswith("==") for name in ("cache-dit", "diffusers", "torch"))
 
 
 def test_the_layout_is_the_one_the_design_fixes():

@@ -52,7 +52,8 @@ def test_the_demo_api_workflow_succeeds_and_reports_the_split_and_the_cache(serv
 
 def with_tiny_size(prompt, steps=8):
     """The same workflow with the video made tiny and, unless given, 8 steps; its positive prompt is the
-    template's, so that every run here shares the server's cached umt5 encodings (about 35 s each here)."""
+    template's, so that every run here shares the server's cached umt5 encodings (each costs tens of
+    seconds here)."""
     prompt = copy.deepcopy(prompt)
     for node in prompt.values():
         if node["class_type"] in ("EmptyHunyuanLatentVideo", "WanImageToVideo"):
