@@ -6,10 +6,24 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from .core.cache import CALIBRATORS, CachePlan, ExpertCacheSettings
+from .core.experts import ROLE_WORDS
 from .types import CATEGORY, ExpertsType
 
 NO_LIMIT = "-1 means no limit."
 DEFAULTS = CachePlan().node_inputs()
+
+
+def expert_inputs(role: str) -> list:
+    """The two inputs each expert has of its own: its warm-up and its cap on cached steps."""
+    word = ROLE_WORDS[role]
+    return [
+        io.Int.Input(f"{role}_warmup_steps", default=DEFAULTS[f"{role}_warmup_steps"], min=0, max=1000,
+                     advanced=True, tooltip=f"Warm-up of the {word} expert: its first steps (transformer evaluations) "
+                                            "are always computed in full, before any may be cached."),
+        io.Int.Input(f"{role}_max_cached_steps", default=DEFAULTS[f"{role}_max_cached_steps"], min=-1, max=1000,
+                     advanced=True, tooltip=f"At most this many cached steps on the {word} expert per run; 0 never "
+                                            "caches it. " + NO_LIMIT),
+    ]
 
 
 class Wan22CacheDiT(io.ComfyNode):
@@ -40,22 +54,12 @@ class Wan22CacheDiT(io.ComfyNode):
                 io.Int.Input("max_continuous_cached_steps", default=DEFAULTS["max_continuous_cached_steps"], min=-1,
                              max=1000, advanced=True,
                              tooltip="At most this many cached steps in a row before one is computed. " + NO_LIMIT),
-                io.Int.Input("high_warmup_steps", default=DEFAULTS["high_warmup_steps"], min=0, max=1000,
-                             advanced=True, tooltip="Warm-up of the high-noise expert: its first steps (transformer "
-                                                    "evaluations) are always computed in full."),
-                io.Int.Input("high_max_cached_steps", default=DEFAULTS["high_max_cached_steps"], min=-1, max=1000,
-                             advanced=True, tooltip="At most this many cached steps on the high-noise expert per "
-                                                    "run; 0 never caches it. " + NO_LIMIT),
-                io.Int.Input("low_warmup_steps", default=DEFAULTS["low_warmup_steps"], min=0, max=1000,
-                             advanced=True, tooltip="Warm-up of the low-noise expert: its first steps are always "
-                                                    "computed in full."),
-                io.Int.Input("low_max_cached_steps", default=DEFAULTS["low_max_cached_steps"], min=-1, max=1000,
-                             advanced=True, tooltip="At most this many cached steps on the low-noise expert per "
-                                                    "run; 0 never caches it. " + NO_LIMIT),
+                *expert_inputs("high"),
+                *expert_inputs("low"),
                 io.Combo.Input("calibrator", options=list(CALIBRATORS), default=DEFAULTS["calibrator"], optional=True,
                                tooltip="none: a cached step reuses the last computed residual. taylorseer: "
                                        "cache-dit's TaylorSeer forecasts it from the last computed ones "
-                                       "(first order), closer to the uncached result at the same speed."),
+                                       "(first order)."),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The experts with this cache plan.")],
         )

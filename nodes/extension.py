@@ -16,5 +16,5 @@ class Wan22CacheDiTExtension(ComfyExtension):
         from . import routes  # noqa: F401  (registers the live-split route on ComfyUI's server)
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22ExpertsFromModel, Wan22LoraLoader, Wan22Schedule, Wan22CacheDiT,
-                Wan22TextEncode, Wan22TwoStageSampler]
+        return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22ExpertsFromModel, Wan22LoraLoader, Wan22Schedule,
+                Wan22CacheDiT, Wan22TextEncode, Wan22TwoStageSampler]

@@ -94,11 +94,12 @@ class StageCache:
         refuse_block_patches(model_options.get("transformer_options", {}), self.role)
         present = [i for i, c in enumerate(conds) if c is not None]
         if len(present) != (2 if self.uncond else 1):
-            raise Wan22InputError("enabled", f"something calls the {ROLE_WORDS[self.role]} expert with {len(present)} "
-                                             f"prompt(s) where its sampler evaluates {2 if self.uncond else 1} "
-                                             "(a guidance node or model patch that runs the model again?), so its "
-                                             "Cache-DiT context cannot be sized to the run: set enabled to false on the "
-                                             "Wan2.2 Cache-DiT node, or remove that node")
+            raise Wan22InputError("enabled", f"something calls the {ROLE_WORDS[self.role]} expert with "
+                                             f"{len(present)} prompt(s) where its sampler evaluates "
+                                             f"{2 if self.uncond else 1} (a guidance node or model patch that runs "
+                                             "the model again?), so its Cache-DiT context cannot be sized to the "
+                                             "run: set enabled to false on the Wan2.2 Cache-DiT node, or remove that "
+                                             "node")
         if self.passes != "separate":
             return executor(model, conds, x_in, timestep, model_options)
         out = [torch.zeros_like(x_in) for _ in conds]

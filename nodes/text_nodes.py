@@ -1,7 +1,12 @@
-"""Wan2.2 Text Encode (Diffusers): conditioning from a diffusers Wan2.2 folder's own umt5 text encoder."""
+"""Wan2.2 Text Encode (Diffusers): conditioning from a diffusers Wan2.2 folder's own umt5 text encoder.
+
+The encoder is loaded for one encoding, where ComfyUI puts text encoders, and let go right after: the node
+keeps nothing between runs (ComfyUI caches its CONDITIONING while its inputs stay the same). ComfyUI's own
+umt5 files go through the native CLIP Loader and CLIP Text Encode instead."""
 
 from __future__ import annotations
 
+import torch
 from comfy_api.latest import io
 
 import comfy.model_management as mm
@@ -10,14 +15,11 @@ from .core import text_encoder
 from .loader_nodes import diffusers_folder_list, diffusers_folder_path
 from .types import CATEGORY
 
-_LOADED: dict[str, tuple] = {}  # folder -> (tokenizer, model); one at a time, the umt5-xxl is large
 
-
-def _encoder(folder: str):
-    if folder not in _LOADED:
-        _LOADED.clear()
-        _LOADED[folder] = text_encoder.load_text_encoder(folder)
-    return _LOADED[folder]
+def encoder_placement() -> tuple[torch.device, torch.dtype]:
+    """ComfyUI's text-encoder device; bf16 on a GPU, fp32 on the CPU (umt5 overflows in fp16)."""
+    device = mm.text_encoder_device()
+    return device, (torch.float32 if mm.is_device_cpu(device) else torch.bfloat16)
 
 
 class Wan22TextEncode(io.ComfyNode):
@@ -47,6 +49,12 @@ class Wan22TextEncode(io.ComfyNode):
 
     @classmethod
     def execute(cls, model_folder, prompt, negative_prompt) -> io.NodeOutput:
-        tokenizer, model = _encoder(diffusers_folder_path(model_folder))
-        embeds = text_encoder.encode(tokenizer, model, [prompt, negative_prompt]).to(mm.intermediate_device())
+        device, dtype = encoder_placement()
+        tokenizer, model = text_encoder.load_text_encoder(diffusers_folder_path(model_folder), dtype)
+        try:
+            embeds = text_encoder.encode(tokenizer, model.to(device), [prompt, negative_prompt])
+        finally:
+            del model
+            mm.soft_empty_cache()
+        embeds = embeds.to(mm.intermediate_device())
         return io.NodeOutput([[embeds[0:1], {}]], [[embeds[1:2], {}]])

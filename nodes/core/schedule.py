@@ -121,19 +121,10 @@ class RunSchedule:
         switch = self.high_steps
         return self.sigmas[: switch + 1] if role == "high" else self.sigmas[switch:]
 
-    def expert_per_step(self) -> list[str]:
-        return ["high"] * self.high_steps + ["low"] * self.low_steps
-
     def summary(self) -> str:
         ratio = "pinned" if self.boundary.ratio is None else f"{self.boundary.ratio:g}"
         return (f"{self.sampler}/{self.scheduler}, {self.steps} steps, shift {self.flow_shift:g}, boundary {ratio} "
                 f"({self.boundary.source}): {self.high_steps} high / {self.low_steps} low")
-
-    def to_dict(self) -> dict:
-        return {"sampler": self.sampler, "scheduler": self.scheduler, "steps": self.steps,
-                "flow_shift": self.flow_shift, "boundary_ratio": self.boundary.ratio,
-                "boundary_source": self.boundary.source, "split": {"high": self.high_steps, "low": self.low_steps},
-                "sigmas": [round(s, 6) for s in self.sigmas]}
 
 
 def build_schedule(*, sampler: str, scheduler: str, steps: int, flow_shift: float, sigmas, has_high: bool,

@@ -37,8 +37,9 @@ def encode(tokenizer, model, prompts: list[str], max_tokens: int = MAX_TOKENS) -
     tokens = tokenizer([clean_prompt(p) for p in prompts], padding="max_length", max_length=max_tokens,
                        truncation=True, add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
     lengths = tokens.attention_mask.gt(0).sum(dim=1)
+    device = next(model.parameters()).device
     with torch.no_grad():
-        hidden = model(tokens.input_ids, tokens.attention_mask).last_hidden_state.float()
+        hidden = model(tokens.input_ids.to(device), tokens.attention_mask.to(device)).last_hidden_state.float().cpu()
     out = torch.zeros_like(hidden)
     for i, n in enumerate(lengths.tolist()):
         out[i, :n] = hidden[i, :n]

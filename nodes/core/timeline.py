@@ -29,8 +29,9 @@ def render_timeline(schedule: RunSchedule, record: RunRecord, width: int = 768, 
 
     high, low = record.split
     ratio = "pinned" if schedule.boundary.ratio is None else f"{schedule.boundary.ratio:g}"
-    draw.text((left, 8), f"{schedule.sampler}/{schedule.scheduler}, {schedule.steps} steps, shift {schedule.flow_shift:g}, boundary "
-                         f"{ratio} ({schedule.boundary.source}): {high} high / {low} low", fill=TEXT, font=font)
+    draw.text((left, 8), f"{schedule.sampler}/{schedule.scheduler}, {schedule.steps} steps, shift "
+                         f"{schedule.flow_shift:g}, boundary {ratio} ({schedule.boundary.source}): {high} high / "
+                         f"{low} low", fill=TEXT, font=font)
     draw.line([(left, top), (left, plot_bottom), (right, plot_bottom)], fill=AXIS)
     for s in (0.0, 0.5, 1.0):
         draw.text((8, y_of(s) - 6), f"{s:.1f}", fill=TEXT, font=font)

@@ -13,7 +13,7 @@ def node_of(page, node_type, expression):
                          f"return {expression}; }}")
 
 
-def wait_for(page, expression, timeout=60.0):
+def wait_for(page, expression, timeout=300.0):
     """Polls a JavaScript expression until it is truthy; the timeout only guards against a hang."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -96,15 +96,18 @@ def test_a_reply_in_flight_never_overwrites_the_connect_a_loader_message(page):
             const node = app.graph._nodes.find(n => n.type === 'Wan22Schedule');
             node.widgets.find(w => w.name === 'steps').setValue(30, { node, canvas: app.canvas });
         }""")
-        page.wait_for_timeout(400)  # past the canvas's debounce: the request is on its way
+        deadline = time.monotonic() + 300  # past the canvas's debounce, the request is on its way
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
         assert len(held) == 1
         page.evaluate("""() => {
             const node = app.graph._nodes.find(n => n.type === 'Wan22Schedule');
             node.disconnectInput(node.findInputSlot('experts'));
         }""")
         wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Preview?.startsWith('connect')")
-        held[0].continue_()  # the reply to the request made while the loader was still connected
-        page.wait_for_timeout(800)
+        with page.expect_response("**/wan22/split"):
+            held[0].continue_()  # the reply to the request made while the loader was still connected
+        page.wait_for_timeout(300)  # the page reads the reply
     finally:
         page.unroute("**/wan22/split")
     assert node_of(page, "Wan22Schedule", "node.wan22Preview") == "connect a Wan2.2 expert loader to see the split"
@@ -147,7 +150,7 @@ def test_the_demo_queued_from_the_page_shows_the_split_and_the_savings(page, ser
         node.widgets.find(w => w.name === 'seed').setValue(20261130, { node, canvas: app.canvas });
     }""")
     page.get_by_role("button", name="Run", exact=True).first.click()  # as a person queues it
-    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22TwoStageSampler').wan22Report", timeout=120)
+    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22TwoStageSampler').wan22Report", timeout=600)
     sampler = node_of(page, "Wan22TwoStageSampler", "[node.wan22Result, node.wan22Report]")
     text, report = sampler
     assert text.startswith("14 high / 6 low steps (uni_pc/simple)")

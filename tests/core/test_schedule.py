@@ -55,7 +55,6 @@ def test_each_stage_steps_through_its_side_of_the_switch_as_split_sigmas_cuts_it
     schedule = schedule_of(LIGHTX2V)
     assert schedule.stage_sigmas("high") == (1.0, 0.9375, 0.8333)
     assert schedule.stage_sigmas("low") == (0.8333, 0.625, 0.0)
-    assert schedule.expert_per_step() == ["high", "high", "low", "low"]
     all_low = schedule_of(LIGHTX2V, has_high=False)
     assert all_low.stage_sigmas("high") == (1.0,) and all_low.stage_sigmas("low") == LIGHTX2V
 
@@ -110,4 +109,4 @@ def test_schedule_is_a_printable_comparable_value():
     a, b = schedule_of(LIGHTX2V), schedule_of(list(LIGHTX2V))
     assert a == b and hash(a) == hash(b)
     assert a.summary() == "euler/simple, 4 steps, shift 5, boundary 0.875 (model_default): 2 high / 2 low"
-    assert a.to_dict()["split"] == {"high": 2, "low": 2} and a.to_dict()["sigmas"] == list(LIGHTX2V)
+    assert a.split == (2, 2) and a.sigmas == LIGHTX2V

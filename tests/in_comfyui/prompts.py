@@ -184,3 +184,17 @@ def failed_at_run(comfyui, prompt):
     assert result.valid, result.node_errors
     assert not result.success
     return result.execution_error()["exception_message"]
+
+
+def two_samplers_in_one_graph(comfyui, first, second, executor):
+    """Runs one graph: `first`, plus `second`'s sampler as node "30" on the same loaded experts (with
+    whatever nodes of `second` the first lacks, its Cache-DiT or LoRA node); returns the latents of the
+    first's sampler ("5") and the second's ("30")."""
+    import copy
+
+    both = copy.deepcopy(first)
+    both.update({k: copy.deepcopy(v) for k, v in second.items() if k not in both})
+    both["30"] = copy.deepcopy(second["5"])
+    both["31"] = {"class_type": "PreviewAny", "inputs": {"source": ["30", 1]}}
+    run_ok(comfyui, both, executor)
+    return latent_of(comfyui, "5", executor), latent_of(comfyui, "30", executor)

@@ -2,7 +2,6 @@
 with that expert's evaluations in each run (read from cache-dit itself while the run goes), nothing left on
 the shared model afterwards, the cache off is ComfyUI's own graph, and what it cannot do right is refused."""
 
-import copy
 import json
 
 import pytest
@@ -10,8 +9,10 @@ import torch
 
 from wan22_cachedit.nodes.core import cache as C
 
-from .prompts import (FINAL, bridged, cache_node, failed_at_run, latent_of, loader, native_prompt, our_prompt,
-                      report_of, run_ok)
+from .cache_state import context_sizes, leftovers
+
+from .prompts import (FINAL, bridged, failed_at_run, latent_of, loader, native_prompt, our_prompt, report_of, run_ok,
+                      two_samplers_in_one_graph)
 
 SMALL = dict(width=32, height=32, length=1)  # one 4x4 latent frame: long schedules stay cheap
 
@@ -64,7 +65,7 @@ def test_each_context_holds_its_experts_evaluations_of_this_run_read_from_cache_
         def contexts_now(value, total):
             models = diffusion_models(comfyui, executor=executor)
             if models:  # the loader's own progress comes before its experts exist
-                seen.add(tuple((role, tuple(C.context_sizes(m))) for role, m in models.items()))
+                seen.add(tuple((role, tuple(context_sizes(m))) for role, m in models.items()))
 
         progress_hook[:] = [contexts_now]
         result = run_ok(comfyui, cached_prompt(tiny_models, sampler=sampler, steps=steps, flow_shift=shift, **SMALL),
@@ -75,7 +76,7 @@ def test_each_context_holds_its_experts_evaluations_of_this_run_read_from_cache_
         for role, n in zip(("high", "low"), expected):
             assert report["cache"][role]["evaluations"] == n
             assert report["cache"][role]["config"].endswith(f"_N{n}_CFG0")  # cond + uncond batched: one call each
-        assert all(C.context_sizes(m) == [] for m in diffusion_models(comfyui, executor=executor).values())
+        assert all(context_sizes(m) == [] for m in diffusion_models(comfyui, executor=executor).values())
 
 
 def test_every_comfyui_sampler_makes_the_evaluations_its_context_is_sized_with(comfyui, tiny_models):
@@ -112,17 +113,10 @@ def test_one_graph_two_samplers_one_cached_one_not_each_equals_its_run_alone(com
         run_ok(comfyui, prompt, executor)
         expected[key] = latent_of(comfyui, FINAL["ours"], executor)
     assert not torch.equal(expected["cached"], expected["plain"])
-    for first, second in ((cached_alone, plain_alone), (plain_alone, cached_alone)):
-        both = copy.deepcopy(first)
-        both["20"] = cache_node("1")
-        both["30"] = copy.deepcopy(second["5"])
-        both["31"] = {"class_type": "PreviewAny", "inputs": {"source": ["30", 1]}}
-        executor = comfyui.new_executor()
-        run_ok(comfyui, both, executor)
-        cached_node = "5" if first is cached_alone else "30"
-        plain_node = "30" if cached_node == "5" else "5"
-        assert torch.equal(latent_of(comfyui, cached_node, executor), expected["cached"])
-        assert torch.equal(latent_of(comfyui, plain_node, executor), expected["plain"])
+    first_latent, second_latent = two_samplers_in_one_graph(comfyui, cached_alone, plain_alone, comfyui.new_executor())
+    assert torch.equal(first_latent, expected["cached"]) and torch.equal(second_latent, expected["plain"])
+    first_latent, second_latent = two_samplers_in_one_graph(comfyui, plain_alone, cached_alone, comfyui.new_executor())
+    assert torch.equal(first_latent, expected["plain"]) and torch.equal(second_latent, expected["cached"])
 
 
 def test_off_after_cached_runs_is_comfyuis_own_graph_and_nothing_stays_on_the_experts(comfyui, tiny_models):
@@ -138,7 +132,7 @@ def test_off_after_cached_runs_is_comfyuis_own_graph_and_nothing_stays_on_the_ex
     assert result.outputs["20"]["text"] == ["Cache-DiT off"] and report_of(result)["cache"]["plan"] is None
     ours = latent_of(comfyui, FINAL["ours"], executor)
     for role, model in models.items():
-        assert C.leftovers(model) == [] and model.blocks is blocks[role] and len(model.blocks) == 4
+        assert leftovers(model) == [] and model.blocks is blocks[role] and len(model.blocks) == 4
     for loader_node in ("10", "11"):  # the MODELs we received carry none of our wrappers
         assert "wrappers" not in comfyui.cached_output(loader_node, executor)[0][0].model_options.get(
             "transformer_options", {})
@@ -234,7 +228,7 @@ def test_a_stage_whose_batching_changes_on_the_way_is_stopped_rather_than_cached
     assert message.startswith("enabled: ComfyUI changed how it batches the prompts in the middle of the high-noise")
     monkeypatch.undo()
     for model in diffusion_models(comfyui, executor=comfyui.executor).values():
-        assert C.leftovers(model) == []
+        assert leftovers(model) == []
 
 
 def test_an_interrupted_cached_run_leaves_no_trace_and_the_same_prompt_then_equals_a_fresh_run(comfyui, tiny_models,
@@ -254,7 +248,7 @@ def test_an_interrupted_cached_run_leaves_no_trace_and_the_same_prompt_then_equa
     assert any(event == "execution_interrupted" for event, _ in interrupted.messages)
     progress_hook.clear()
     for model in diffusion_models(comfyui, executor=executor).values():
-        assert C.leftovers(model) == [] and C.context_sizes(model) == []
+        assert leftovers(model) == [] and context_sizes(model) == []
     run_ok(comfyui, prompt, executor)
     again = latent_of(comfyui, FINAL["ours"], executor)
     fresh = comfyui.new_executor()

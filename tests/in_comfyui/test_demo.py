@@ -13,7 +13,7 @@ from devtools.paths import ROOT
 def test_the_demo_runs_the_shipped_workflow_and_writes_its_outputs(tmp_path):
     env = dict(os.environ, WAN22_DEMO_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-m", "devtools.demo"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+                         timeout=1800)  # a hang guard: the demo takes about 30 s here
     assert run.returncode == 0, run.stdout + run.stderr
     out = tmp_path / "output"
     assert f"output folder: {out}" in run.stdout and "tiny and random" in run.stdout

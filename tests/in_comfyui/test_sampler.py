@@ -131,3 +131,37 @@ def test_a_failed_run_leaves_nothing_behind(comfyui, tiny_models):
     executor = comfyui.new_executor()
     run_ok(comfyui, good, executor)
     assert torch.equal(latent_of(comfyui, FINAL["ours"], executor), first)
+
+
+def holds_a_model(value, depth=0) -> bool:
+    import weakref
+
+    import comfy.model_patcher
+
+    if isinstance(value, (torch.nn.Module, comfy.model_patcher.ModelPatcher)):
+        return True
+    if depth > 3:
+        return False
+    if isinstance(value, (dict, weakref.WeakKeyDictionary, weakref.WeakValueDictionary)):
+        return any(holds_a_model(k, depth + 1) or holds_a_model(v, depth + 1) for k, v in list(value.items()))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(holds_a_model(v, depth + 1) for v in value)
+    return False
+
+
+def test_two_runs_leave_no_pack_owned_registry_holding_a_model(comfyui, tiny_models):
+    """Whatever a run installs lives on clones for that run: no module of the pack keeps an expert, a text
+    encoder or a MODEL in a global of its own afterwards."""
+    import sys
+
+    lora = {"high": tiny_models["loras"]["high"], "low": tiny_models["loras"]["low"]}
+    for seed in (1, 2):
+        run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), steps=6, seed=seed, cache={},
+                                   lora=lora))
+    prefix = comfyui.pack_module.__name__
+    modules = {name: module for name, module in list(sys.modules.items())
+               if name == prefix or name.startswith(prefix + ".")}
+    assert f"{prefix}.nodes.engine" in modules and f"{prefix}.nodes.text_nodes" in modules
+    holders = [f"{name}.{attr}" for name, module in modules.items()
+               for attr, value in vars(module).items() if not attr.startswith("__") and holds_a_model(value)]
+    assert holders == []

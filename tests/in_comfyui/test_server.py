@@ -47,7 +47,7 @@ def test_a_queued_prompt_runs_and_its_history_carries_the_split(server, tiny_mod
                                                        names[("t2v", "low", "fp16")]), sampler="euler",
                                                 flow_shift=5.0))
     assert status == 200, body
-    entry = server.wait(body["prompt_id"], timeout=600)
+    entry = server.wait(body["prompt_id"], timeout=1200)
     assert entry["status"]["status_str"] == "success"
     assert entry["outputs"]["2"]["split"][0]["high"] == 17 and entry["outputs"]["2"]["split"][0]["low"] == 23
     assert entry["outputs"]["3"]["text"] == ["17"]

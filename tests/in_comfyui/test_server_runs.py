@@ -34,7 +34,7 @@ def prompt_for(tiny, seed, prefix, steps=8, **kw):
 def run_and_load(server, prompt) -> torch.Tensor:
     status, body = server.queue(prompt)
     assert status == 200, body
-    entry = server.wait(body["prompt_id"], timeout=300)
+    entry = server.wait(body["prompt_id"], timeout=1200)
     assert entry["status"]["status_str"] == "success", [m for m in entry["status"]["messages"] if m[0] == "execution_error"]
     prefix = prompt["11"]["inputs"]["filename_prefix"]
     (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
@@ -56,7 +56,7 @@ def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, 
     progress = [m["data"]["value"] for m in messages if m["type"] == "progress" and m["data"]["node"] == "5"]
     assert progress and max(progress) < 300  # stopped in the middle
     # The websocket message can arrive before the history entry is written: wait for the entry.
-    history = server.wait(prompt_id, timeout=60)
+    history = server.wait(prompt_id, timeout=600)
     assert history["status"]["status_str"] == "error"
 
     after = run_and_load(server, prompt_for(tiny_models, 8, "after_interrupt"))

@@ -1,0 +1,23 @@
+"""What cache-dit leaves on a module, read straight from cache-dit's own attributes: how tests see that each
+stage's context had its size and that nothing of it survived the stage."""
+
+# What cache-dit sets on a module it caches; none of it may be left after the stage.
+CACHE_DIT_ATTRIBUTES = ("_original_forward", "_context_manager", "_context_names", "_is_cached",
+                        "_forward_pattern", "_has_separate_cfg", "_context_kwargs", "forward")
+
+
+def context_sizes(module) -> list[int | None]:
+    """The evaluation counts of the contexts cache-dit holds on a module, read from cache-dit itself."""
+    manager = getattr(module, "_context_manager", None)
+    if manager is None:
+        return []
+    return [manager.get_context(name).cache_config.num_inference_steps for name in module._context_names]
+
+
+def leftovers(module) -> list[str]:
+    """Any trace of cache-dit (or of a hook) on a module and its sub-modules: empty after a clean stage."""
+    found = [f"{name or '<model>'}.{attr}" for name, sub in module.named_modules() for attr in CACHE_DIT_ATTRIBUTES
+             if attr in vars(sub)]
+    found += [f"{name or '<model>'}:hooks" for name, sub in module.named_modules()
+              if sub._forward_hooks or sub._forward_pre_hooks]
+    return found
