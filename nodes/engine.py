@@ -17,7 +17,6 @@ import torch
 
 import comfy.ldm.wan.model
 import comfy.model_base
-import comfy.model_management
 import comfy.model_sampling
 import comfy.patcher_extension
 import comfy.sample
@@ -32,7 +31,7 @@ from .core.architecture import ExpertArchitecture, check_matching, check_task, n
 from .core.errors import Wan22InputError
 from .core.report import RunRecord, StepRecord
 from .core.schedule import RunSchedule
-from .stage_cache import StageCache
+from .stage_cache import StageCache, transformer_options
 
 # --- sigmas ---
 
@@ -183,7 +182,7 @@ class CallCounter:
         self.passes = 0
 
     def __call__(self, executor, *args, **kwargs):
-        options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
+        options = transformer_options(args, kwargs)
         self.calls += 1
         self.passes += len(options.get("cond_or_uncond", ())) or 1
         return executor(*args, **kwargs)

@@ -109,7 +109,7 @@ class StageCache:
         return out
 
     def diffusion_model(self, executor, *args, **kwargs):
-        options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
+        options = transformer_options(args, kwargs)
         refuse_block_patches(options, self.role)  # patches that come with a prompt's conditioning
         chunks = len(options.get("cond_or_uncond", ())) or 1
         if chunks != (2 if self.passes == "batched" else 1):
@@ -118,6 +118,12 @@ class StageCache:
                                              "would pair the wrong passes: run the prompt again, or set enabled to "
                                              "false on the Wan2.2 Cache-DiT node")
         return executor(*args, **kwargs)
+
+
+def transformer_options(args, kwargs) -> dict:
+    """The transformer options of a call to ComfyUI's WanModel.forward(x, timestep, context, clip_fea,
+    time_dim_concat, transformer_options, ...), as a diffusion-model wrapper receives it."""
+    return args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
 
 
 def batch_fits(guider, noise, chunks: int) -> bool:

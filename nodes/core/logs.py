@@ -15,11 +15,6 @@ def at_level(logger_or_handler, level: int):
         logger_or_handler.setLevel(previous)
 
 
-def quiet_diffusers_dtype_warning():
-    """from_single_file ends with `model.to(dtype)`, which diffusers itself then warns about."""
-    return at_level(logging.getLogger("diffusers.models.modeling_utils"), logging.ERROR)
-
-
 def quiet_cache_dit():
     """cache-dit logs every enable/disable to its own console handler; our report says it all."""
     import cache_dit.logger

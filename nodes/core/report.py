@@ -75,7 +75,8 @@ def summary_line(report: dict) -> str:
         stats = report["cache"].get(role)
         if stats and "cached_steps" in stats:
             done, full = stats["block_forwards"], stats["block_forwards_without_cache"]
-            line = (f"cache {role}: {len(stats['cached_steps'])} cached steps, blocks {done}/{full} "
+            line = (f"cache {role}: {len(stats['cached_steps'])} of {stats['evaluations']} steps cached "
+                    f"(context sized {stats['evaluations']}), blocks {done}/{full} "
                     f"({100 * (1 - done / full) if full else 0:.0f}% saved)")
             if stats["skippable_steps"] == 0:
                 line += f"; {stats['note']}"

@@ -166,6 +166,8 @@ def test_the_report_shows_per_expert_what_cache_dit_did_and_what_it_was_sized_wi
         assert stats["evaluations"] == n and stats["block_forwards_without_cache"] == n * 4  # 4 blocks per call
         assert set(stats["residual_diffs"]) and stats["threshold"] == 0.24
     assert result.outputs["20"]["text"][0].startswith("high DBCache_F1B0_W4")
+    node_text = result.outputs["5"]["text"][0]
+    assert "(context sized 13)" in node_text and "(context sized 7)" in node_text
 
 
 def test_at_four_steps_the_report_says_the_cache_can_skip_nothing(comfyui, tiny_models):

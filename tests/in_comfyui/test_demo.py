@@ -18,8 +18,9 @@ def test_the_demo_runs_the_shipped_workflow_and_writes_its_outputs(tmp_path):
     out = tmp_path / "output"
     assert f"output folder: {out}" in run.stdout and "tiny and random" in run.stdout
     report = json.loads((out / "report.json").read_text())
-    # uni_pc/simple, 20 steps, shift 12, CFG 4 / 3: 14 / 6, each evaluation a cond and an uncond call under the cache
-    assert report["split"] == {"high": 14, "low": 6} and report["transformer_calls"] == {"high": 28, "low": 12}
+    # uni_pc/simple, 20 steps, shift 12, CFG 4 / 3: 14 / 6, each step one call with cond and uncond batched
+    assert report["split"] == {"high": 14, "low": 6} and report["transformer_calls"] == {"high": 14, "low": 6}
+    assert report["forward_passes"] == {"high": 28, "low": 12}
     with Image.open(out / "video.webp") as video:
         assert video.n_frames == 17 and video.size == (128, 128)
     with Image.open(out / "timeline.png") as timeline:
