@@ -199,9 +199,9 @@ def stage_caches(experts, schedule: RunSchedule, stages: list[Stage]) -> dict:
         return {}
     caches = {}
     for stage in stages:
-        evaluations = sum(core_cache.evaluations_per_step(schedule.sampler, schedule.stage_sigmas(stage.role)))
+        per_step = core_cache.evaluations_per_step(schedule.sampler, schedule.stage_sigmas(stage.role))
         uncond = core_cache.needs_uncond(stage.cfg, schedule.sampler)
-        caches[stage.role] = StageCache(plan, stage.role, evaluations, uncond)
+        caches[stage.role] = StageCache(plan, stage.role, per_step, uncond)
     return caches
 
 
@@ -224,8 +224,7 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
         out = sample_stage(stage, sigmas, schedule, positive, negative, out, seed, progress)
         record.seconds[stage.role] = round(time.perf_counter() - started, 4)
         record.calls[stage.role], record.passes[stage.role] = counter.calls, counter.passes
-        per_step = (core_cache.evaluations_per_step(schedule.sampler, schedule.stage_sigmas(stage.role))
-                    if cache is not None else [1] * stage.steps)
+        per_step = cache.per_step if cache is not None else [1] * stage.steps
         record.steps += [StepRecord(index=stage.start_step + i, sigma=schedule.sigmas[stage.start_step + i],
                                     expert=stage.role, evaluations=n) for i, n in enumerate(per_step)]
         if cache is not None:

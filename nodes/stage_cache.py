@@ -54,8 +54,11 @@ class StageCache:
     The mode is fixed when the stage starts, with ComfyUI's own batching rule; a stage whose batching
     changes on the way is stopped rather than cached wrongly."""
 
-    def __init__(self, plan: core.CachePlan, role: str, evaluations: int, uncond: bool):
-        self.plan, self.role, self.evaluations, self.uncond = plan, role, evaluations, uncond
+    def __init__(self, plan: core.CachePlan, role: str, per_step: list[int], uncond: bool):
+        """`per_step`: the transformer evaluations of each step of the stage; `uncond`: whether ComfyUI
+        evaluates the negative prompt too."""
+        self.plan, self.role, self.per_step, self.uncond = plan, role, per_step, uncond
+        self.evaluations = sum(per_step)
         self.passes = "single"
         self.config = None
         self.block_forwards = 0
