@@ -31,7 +31,7 @@ from .core.architecture import ExpertArchitecture, check_matching, check_task, n
 from .core.errors import Wan22InputError
 from .core.report import RunRecord, StepRecord
 from .core.schedule import RunSchedule
-from .stage_cache import StageCache, transformer_options
+from .stage_cache import StageCache, prompts_in, transformer_options
 
 # --- sigmas ---
 
@@ -182,9 +182,8 @@ class CallCounter:
         self.passes = 0
 
     def __call__(self, executor, *args, **kwargs):
-        options = transformer_options(args, kwargs)
         self.calls += 1
-        self.passes += len(options.get("cond_or_uncond", ())) or 1
+        self.passes += prompts_in(transformer_options(args, kwargs))
         return executor(*args, **kwargs)
 
     def attach(self, model) -> None:

@@ -114,8 +114,7 @@ class StageCache:
     def diffusion_model(self, executor, *args, **kwargs):
         options = transformer_options(args, kwargs)
         refuse_block_patches(options, self.role)  # patches that come with a prompt's conditioning
-        chunks = len(options.get("cond_or_uncond", ())) or 1
-        if chunks != (2 if self.passes == "batched" else 1):
+        if prompts_in(options) != (2 if self.passes == "batched" else 1):
             raise Wan22InputError("enabled", f"ComfyUI changed how it batches the prompts in the middle of the "
                                              f"{ROLE_WORDS[self.role]} stage (its free memory changed), so Cache-DiT "
                                              "would pair the wrong passes: run the prompt again, or set enabled to "
@@ -127,6 +126,11 @@ def transformer_options(args, kwargs) -> dict:
     """The transformer options of a call to ComfyUI's WanModel.forward(x, timestep, context, clip_fea,
     time_dim_concat, transformer_options, ...), as a diffusion-model wrapper receives it."""
     return args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
+
+
+def prompts_in(options: dict) -> int:
+    """How many prompts (conditional, unconditional) a call with these transformer options carries."""
+    return len(options.get("cond_or_uncond", ())) or 1
 
 
 def batch_fits(guider, noise, chunks: int) -> bool:
