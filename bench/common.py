@@ -54,3 +54,53 @@ def text_embeddings(seed: int, tokens: int = 512, real: int = 24, width: int = 4
     out = torch.zeros(1, tokens, width)
     out[:, :real] = torch.randn(1, real, width, generator=g)
     return out
+
+
+class Runs:
+    """The runs a benchmark puts side by side, on the same experts (ComfyUI MODELs, role -> MODEL), noise and
+    text, in a ComfyUI loaded in this process: ours (the pack's sampler, with or without a cache plan) and
+    native (ModelSamplingSD3 and two KSamplerAdvanced, as `nodes.common_ksampler` runs them, with or without
+    ComfyUI's EasyCache at its defaults). Each is a callable returning the final latent; `records` keeps
+    what each of ours did."""
+
+    def __init__(self, comfy, models: dict, *, sampler: str, scheduler: str, steps: int, flow_shift: float, seed: int,
+                 cfg: dict, latent_shape: tuple):
+        self.models, self.steps, self.seed, self.cfg = models, steps, seed, cfg
+        self.sampler, self.scheduler, self.flow_shift = sampler, scheduler, flow_shift
+        self.engine = comfy.pack("nodes.engine")
+        self.experts = comfy.pack("nodes.expert_models").experts_handle(models)
+        self.schedule = comfy.pack("nodes.sigmas").build_schedule(
+            has_high=True, has_low=True, model_default=self.experts.default_boundary, sampler=sampler,
+            scheduler=scheduler, steps=steps, flow_shift=flow_shift)
+        self.positive, self.negative = [[text_embeddings(1), {}]], [[text_embeddings(2), {}]]
+        self.latent = {"samples": torch.zeros(latent_shape)}
+        self.records = {}
+
+    def ours(self, name: str, plan=None):
+        experts = self.experts.replace(cache_plan=plan)
+
+        def run():
+            latent, self.records[name] = self.engine.sample(experts, self.schedule, self.positive, self.negative,
+                                                            self.latent, self.seed, self.cfg)
+            return latent["samples"]
+        return run
+
+    def native(self, easycache: bool = False):
+        import comfy_extras.nodes_easycache as easy
+        import nodes
+
+        models = {role: self.engine.shifted(m, self.flow_shift) for role, m in self.models.items()}
+        if easycache:
+            defaults = {i.id: i.default for i in easy.EasyCacheNode.define_schema().inputs if i.id != "model"}
+            models = {role: easy.EasyCacheNode.execute(m, **defaults).args[0] for role, m in models.items()}
+        switch = self.schedule.high_steps
+        common = (self.seed, self.steps)
+
+        def run():
+            first = nodes.common_ksampler(models["high"], *common, self.cfg["high"], self.sampler, self.scheduler,
+                                          self.positive, self.negative, self.latent, denoise=1.0, disable_noise=False,
+                                          start_step=0, last_step=switch, force_full_denoise=False)[0]
+            return nodes.common_ksampler(models["low"], *common, self.cfg["low"], self.sampler, self.scheduler,
+                                         self.positive, self.negative, first, denoise=1.0, disable_noise=True,
+                                         start_step=switch, last_step=10000, force_full_denoise=True)[0]["samples"]
+        return run

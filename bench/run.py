@@ -1,8 +1,8 @@
 """`make bench`: the pack measured against ComfyUI's own graph, side by side in one process.
 
-Prints a table and writes bench/results/latest.{json,md,png}. Timing is interleaved (A, B, B, A, ...), so
-the noise of a shared machine falls on every variant alike, and each variant's fastest repeat is taken
-(interference only ever adds time). Every variant runs
+Prints a table and writes bench/results/latest.{json,md,png}. Timing is interleaved in rounds (A, B, C, then
+C, B, A, ...), so the noise of a shared machine falls on every variant alike; each speed-up is the median over
+the rounds of that round's ratio to its native run (neighbouring runs drift least apart). Every variant runs
 on the same experts, loaded once by ComfyUI's own loader, from the same noise and text:
 
 - native: the official template's graph, ModelSamplingSD3 and two KSamplerAdvanced (0 -> switch with the
@@ -23,11 +23,12 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 
 import torch
 
-from bench.common import ROOT, Timer, interleaved, text_embeddings
+from bench.common import ROOT, Runs, Timer, interleaved
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 # The real experts' depth (40 blocks), so that the blocks, which the cache skips, take the share of a forward
@@ -63,70 +64,39 @@ class Bench:
         import comfy.sd
 
         folder = os.path.join(base, "models", "diffusion_models")
-        self.models = {}
+        models = {}
         for role, seed in (("high", 1), ("low", 2)):
             path = tiny_wan.write_single_file(tiny_wan.make_expert("t2v", seed, **SPEED_EXPERT),
                                               os.path.join(folder, f"bench_{role}.safetensors"), "fp32")
-            self.models[role] = comfy.sd.load_diffusion_model(path)
-        self.engine = self.comfy.pack("nodes.engine")
+            models[role] = comfy.sd.load_diffusion_model(path)
         self.cache = self.comfy.pack("nodes.core.cache")
-        self.experts = self.engine.experts_handle(self.models)
-        self.schedule = self.engine.build_schedule(
-            has_high=True, has_low=True, model_default=self.experts.default_boundary, sampler=RUN["sampler"],
-            scheduler=RUN["scheduler"], steps=RUN["steps"], flow_shift=RUN["flow_shift"])
-        self.positive, self.negative = [[text_embeddings(1), {}]], [[text_embeddings(2), {}]]
-        self.latent = {"samples": torch.zeros(SPEED_LATENT)}
-        self.cfg = {"high": RUN["cfg_high"], "low": RUN["cfg_low"]}
-        self.records = {}
-
-    def ours(self, name: str, plan=None):
-        experts = self.experts.replace(cache_plan=plan)
-
-        def run():
-            latent, self.records[name] = self.engine.sample(experts, self.schedule, self.positive, self.negative,
-                                                            self.latent, RUN["seed"], self.cfg)
-            return latent["samples"]
-        return run
-
-    def native(self, easycache: bool = False):
-        import comfy_extras.nodes_easycache as easy
-        import nodes
-
-        models = {role: self.engine.shifted(m, RUN["flow_shift"]) for role, m in self.models.items()}
-        if easycache:
-            defaults = {i.id: i.default for i in easy.EasyCacheNode.define_schema().inputs if i.id != "model"}
-            models = {role: easy.EasyCacheNode.execute(m, **defaults).args[0] for role, m in models.items()}
-        switch = self.schedule.high_steps
-        common = (RUN["seed"], RUN["steps"])
-
-        def run():
-            first = nodes.common_ksampler(models["high"], *common, RUN["cfg_high"], RUN["sampler"], RUN["scheduler"],
-                                          self.positive, self.negative, self.latent, denoise=1.0, disable_noise=False,
-                                          start_step=0, last_step=switch, force_full_denoise=False)[0]
-            return nodes.common_ksampler(models["low"], *common, RUN["cfg_low"], RUN["sampler"], RUN["scheduler"],
-                                         self.positive, self.negative, first, denoise=1.0, disable_noise=True,
-                                         start_step=switch, last_step=10000, force_full_denoise=True)[0]["samples"]
-        return run
+        self.runs = Runs(self.comfy, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=RUN["steps"],
+                         flow_shift=RUN["flow_shift"], seed=RUN["seed"],
+                         cfg={"high": RUN["cfg_high"], "low": RUN["cfg_low"]}, latent_shape=SPEED_LATENT)
 
 
 def measure(device: str, repeats: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="wan22-bench-") as base:
         bench = Bench(base, device)
         plan = bench.cache.CachePlan()
+        runs = bench.runs
         variants = {
-            "native": bench.native(),
-            "native_easycache": bench.native(easycache=True),
-            "ours": bench.ours("ours"),
-            "ours_cachedit": bench.ours("ours_cachedit", plan),
-            "ours_taylorseer": bench.ours("ours_taylorseer", plan.__class__(calibrator="taylorseer")),
+            "native": runs.native(),
+            "native_easycache": runs.native(easycache=True),
+            "ours": runs.ours("ours"),
+            "ours_cachedit": runs.ours("ours_cachedit", plan),
+            "ours_taylorseer": runs.ours("ours_taylorseer", plan.__class__(calibrator="taylorseer")),
         }
         timed = interleaved(Timer(torch.device(device)), variants, repeats)
-        records = bench.records
-        split = list(bench.schedule.split)
-    reference, native_s = timed["native"][0], timed["native"][1]
+        records = runs.records
+        split = list(runs.schedule.split)
+    reference, native_rounds = timed["native"][0], timed["native"][2]
     rows = {}
     for name, (latent, seconds, all_seconds) in timed.items():
-        row = {"seconds": seconds, "all_seconds": all_seconds, "speedup": native_s / seconds,
+        # Each ratio is taken within a round, between neighbouring runs; the median over rounds is reported.
+        ratios = [n / t for n, t in zip(native_rounds, all_seconds)]
+        row = {"seconds": seconds, "all_seconds": all_seconds, "speedup": statistics.median(ratios),
+               "speedups": ratios,
                "rel_l2": rel_l2(reference, latent), "psnr_db": psnr_db(reference, latent),
                "max_abs": (latent - reference).abs().max().item()}
         if name in records and records[name].cache:
@@ -139,7 +109,7 @@ def measure(device: str, repeats: int) -> dict:
     easy = rows["native_easycache"]
     return {
         "variants": rows, "split": split,
-        "native_ratio": rows["ours"]["seconds"] / native_s, "native_max_abs": rows["ours"]["max_abs"],
+        "native_ratio": 1 / rows["ours"]["speedup"], "native_max_abs": rows["ours"]["max_abs"],
         "speedup_defaults": ours["speedup"], "block_forward_ratio": ours["block_forward_ratio"],
         "speedup_share": ours["speedup"] / ours["block_forward_ratio"], "rel_l2_defaults": ours["rel_l2"],
         "psnr_defaults": ours["psnr_db"], "speedup_taylorseer": rows["ours_taylorseer"]["speedup"],
@@ -154,7 +124,8 @@ def holds(value, op, bound) -> bool:
     return {"<=": value <= bound, ">=": value >= bound, "==": value == bound}[op]
 
 
-LABELS = {"native": "native: ModelSamplingSD3 + 2 KSamplerAdvanced", "native_easycache": "native + EasyCache (defaults)",
+LABELS = {"native": "native: ModelSamplingSD3 + 2 KSamplerAdvanced",
+          "native_easycache": "native + EasyCache (defaults)",
           "ours": "ours, Cache-DiT off", "ours_cachedit": "ours, Cache-DiT defaults",
           "ours_taylorseer": "ours, Cache-DiT + TaylorSeer"}
 

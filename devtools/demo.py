@@ -73,11 +73,11 @@ def main() -> int:
             source = os.path.join(base, "output", item["subfolder"], item["filename"])
             copied[key] = os.path.join(out_dir, f"{key}{os.path.splitext(item['filename'])[1]}")
             shutil.copyfile(source, copied[key])
-        split, passes, wall = report["split"], report["transformer_calls"], report["wall_seconds"]
+        split, calls, wall = report["split"], report["transformer_calls"], report["wall_seconds"]
         print(f"[demo] {report['sampler']}/{report['scheduler']}, {report['steps']} steps, shift "
               f"{report['flow_shift']:g}, boundary "
               f"{report['boundary_ratio']} ({report['boundary_source']}): {split['high']} high / {split['low']} low")
-        print(f"[demo] transformer calls high/low: {passes['high']}/{passes['low']}; "
+        print(f"[demo] transformer calls high/low: {calls['high']}/{calls['low']}; "
               f"wall time high/low: {wall['high']:.2f} s / {wall['low']:.2f} s")
         for role in ("high", "low"):
             stats = report["cache"].get(role, {})

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from . import engine
+from . import expert_models
+from .core.experts import EXPERT_INPUTS
+from .core.prompt_graph import upstream_file
 from .types import CATEGORY, ExpertsType
 
 
@@ -29,10 +31,16 @@ class Wan22ExpertsFromModel(io.ComfyNode):
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The experts, for the schedule, LoRA, "
                                                                        "Cache-DiT and sampler nodes.")],
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
         )
 
     @classmethod
     def execute(cls, high_noise_model=None, low_noise_model=None) -> io.NodeOutput:
-        experts = engine.experts_handle({"high": high_noise_model, "low": low_noise_model}, empty="unconnected",
-                                        fix="connect the MODEL of at least one expert")
+        # The report names the file behind each MODEL as the prompt shows it (through LoRA loaders and model
+        # patches back to the loader); "MODEL" when the prompt does not say.
+        hidden = getattr(cls, "hidden", None)
+        prompt, node_id = (hidden.prompt or {}, hidden.unique_id) if hidden is not None else ({}, None)
+        sources = {role: upstream_file(prompt, node_id, name) for role, name in EXPERT_INPUTS.items()}
+        experts = expert_models.experts_handle({"high": high_noise_model, "low": low_noise_model}, sources=sources,
+                                               empty="unconnected", fix="connect the MODEL of at least one expert")
         return io.NodeOutput(experts, ui={"text": [experts.summary()]})

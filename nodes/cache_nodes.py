@@ -10,6 +10,7 @@ from .core.experts import ROLE_WORDS
 from .types import CATEGORY, ExpertsType
 
 NO_LIMIT = "-1 means no limit."
+PASSES_NOTE = "CFG passes (batched or separate) are read from ComfyUI's calls when each stage runs"
 DEFAULTS = CachePlan().node_inputs()
 
 
@@ -62,6 +63,7 @@ class Wan22CacheDiT(io.ComfyNode):
                                        "(first order)."),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The experts with this cache plan.")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -69,11 +71,13 @@ class Wan22CacheDiT(io.ComfyNode):
                 max_continuous_cached_steps, high_warmup_steps, high_max_cached_steps, low_warmup_steps,
                 low_max_cached_steps, calibrator=DEFAULTS["calibrator"]) -> io.NodeOutput:
         if not enabled:
-            return io.NodeOutput(experts.replace(cache_plan=None), ui={"text": ["Cache-DiT off"]})
+            return io.NodeOutput(experts.replace(cache_plan=None, cache_node=None), ui={"text": ["Cache-DiT off"]})
         plan = CachePlan(residual_diff_threshold=float(residual_diff_threshold),
                          first_compute_blocks=first_compute_blocks, last_compute_blocks=last_compute_blocks,
                          max_continuous_cached_steps=max_continuous_cached_steps,
                          high=ExpertCacheSettings(high_warmup_steps, high_max_cached_steps),
                          low=ExpertCacheSettings(low_warmup_steps, low_max_cached_steps), calibrator=calibrator)
         plan.check(experts.architecture.num_layers)
-        return io.NodeOutput(experts.replace(cache_plan=plan), ui={"text": [plan.summary()]})
+        hidden = getattr(cls, "hidden", None)
+        handle = experts.replace(cache_plan=plan, cache_node=hidden.unique_id if hidden is not None else None)
+        return io.NodeOutput(handle, ui={"text": [f"{plan.summary()}\n{PASSES_NOTE}"]})

@@ -12,12 +12,11 @@ from comfy_api.latest import io
 import comfy.sd
 import comfy.utils
 
-from . import engine
-from .core import checkpoint
+from . import expert_models
 from .core import diffusers_folder as folders
-from .core.architecture import check_matching
 from .core.errors import Wan22InputError
-from .core.experts import EXPERT_INPUTS, NONE, ROLES, require_some_expert
+from .core.experts import NONE, ROLES, require_some_expert
+from .model_files import diffusers_folder_list, diffusers_folder_path, expert_path, inspect_files
 from .types import CATEGORY, ExpertsType
 
 # weight_dtype -> ComfyUI's model options. The first four are the pack's own since its first release; the
@@ -40,30 +39,6 @@ def model_options(weight_dtype: str) -> dict:
     if weight_dtype not in WEIGHT_DTYPES:
         raise Wan22InputError("weight_dtype", f"unknown dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_DTYPES)}")
     return dict(WEIGHT_DTYPES[weight_dtype])
-
-
-def model_file_path(folder: str, input_name: str, name: str) -> str | None:
-    """A file chosen from one of ComfyUI's model folders (`none`: no file), resolved inside that folder."""
-    if name == NONE:
-        return None
-    path = folder_paths.get_full_path(folder, name)
-    if path is None:
-        raise Wan22InputError(input_name, f"{name!r} is not in models/{folder}: put the file there "
-                                          "(then refresh the page) or pick another one")
-    return path
-
-
-def expert_path(role: str, name: str) -> str | None:
-    return model_file_path("diffusion_models", EXPERT_INPUTS[role], name)
-
-
-def inspect_files(names: dict[str, str]) -> dict:
-    """Header-only checks of the chosen files (role -> file name), and that they match one another."""
-    paths = {role: expert_path(role, name) for role, name in names.items()}
-    architectures = {role: checkpoint.expert_architecture(path, EXPERT_INPUTS[role])
-                     for role, path in paths.items() if path}
-    check_matching(architectures, {role: names[role] for role in architectures})
-    return architectures
 
 
 class Wan22ExpertLoader(io.ComfyNode):
@@ -117,33 +92,8 @@ class Wan22ExpertLoader(io.ComfyNode):
             if path is not None:
                 models[role] = comfy.sd.load_diffusion_model(path, model_options=dict(options))
                 progress.update(1)
-        experts = engine.experts_handle(models, sources={r: n for r, n in names.items() if n != NONE})
+        experts = expert_models.experts_handle(models, sources={r: n for r, n in names.items() if n != NONE})
         return io.NodeOutput(experts, ui={"text": [experts.summary()]})
-
-
-def diffusers_folder_list() -> list[str]:
-    """Folders under models/diffusers that hold a model_index.json (as ComfyUI's DiffusersLoader finds them)."""
-    found = []
-    for base in folder_paths.get_folder_paths("diffusers"):
-        if not os.path.isdir(base):
-            continue
-        for root, dirs, files in os.walk(base, followlinks=True):
-            if "model_index.json" in files:
-                found.append(os.path.relpath(root, base))
-                dirs.clear()
-    return sorted(found)
-
-
-def diffusers_folder_path(name: str) -> str:
-    """A listed folder, resolved as ComfyUI's folder_paths resolves files: the name cannot climb out of the
-    models folder, and a folder linked in from elsewhere (another drive) loads."""
-    relative = os.path.relpath(os.path.join("/", name or ""), "/")
-    for base in folder_paths.get_folder_paths("diffusers"):
-        path = os.path.join(base, relative)
-        if relative != "." and os.path.isdir(path):
-            return path
-    raise Wan22InputError("model_folder", f"{name!r} is not a folder under models/diffusers: put the diffusers "
-                                          "Wan2.2 folder there (then refresh the page) or pick another one")
 
 
 def load_diffusers_expert(transformer_dir: str, options: dict, disable_dynamic: bool = False):
@@ -203,5 +153,5 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
             models[role] = load_diffusers_expert(os.path.join(folder, folders.SUBFOLDERS[role]), options)
             sources[role] = f"{model_folder}/{folders.SUBFOLDERS[role]}"
             progress.update(1)
-        handle = engine.experts_handle(models, sources=sources, declared_boundary=declared)
+        handle = expert_models.experts_handle(models, sources=sources, declared_boundary=declared)
         return io.NodeOutput(handle, ui={"text": [handle.summary()]})

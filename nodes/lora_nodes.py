@@ -15,7 +15,7 @@ import comfy.weight_adapter
 from .core import checkpoint
 from .core.errors import Wan22InputError
 from .core.experts import NONE, ROLE_WORDS, ROLES, LoraNote
-from .loader_nodes import model_file_path
+from .model_files import model_file_path
 from .types import CATEGORY, ExpertsType
 
 LORA_INPUTS = {"high": "high_noise_lora", "low": "low_noise_lora"}

@@ -59,5 +59,7 @@ class Wan22TwoStageSampler(io.ComfyNode):
         latent, record = engine.sample(experts, schedule, positive, negative, latent_image, seed, cfg)
         run_report = report.build_report(experts, schedule, record, seed=seed, cfg=cfg)
         picture = torch.from_numpy(timeline.render_timeline(schedule, record)).float().div(255.0).unsqueeze(0)
-        return io.NodeOutput(latent, json.dumps(run_report), picture,
-                             ui={"text": [report.summary_line(run_report)], "report": [run_report]})
+        ui = {"text": [report.summary_line(run_report)], "report": [run_report]}
+        if experts.cache_node is not None and record.cache:
+            ui["cache_used"] = [{"node": experts.cache_node, "text": report.cache_used_line(run_report)}]
+        return io.NodeOutput(latent, json.dumps(run_report), picture, ui=ui)

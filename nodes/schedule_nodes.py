@@ -8,10 +8,19 @@ from comfy_api.latest import io
 
 import comfy.samplers
 
-from . import engine
+from . import sigmas
 from .core import schedule as core
 from .core.errors import Wan22InputError
 from .types import CATEGORY, ExpertsType, ScheduleType
+
+
+def boundary_ratio_input() -> io.Float.Input:
+    # Optional: an API prompt saved before the boundary became a dynamic input has a top-level
+    # `boundary_ratio` instead, which `execute` still reads.
+    return io.Float.Input("boundary_ratio", default=core.DEFAULT_CUSTOM_BOUNDARY, min=0.0, max=1.0, step=0.005,
+                          optional=True,
+                          tooltip="Steps whose sigma is at or above it run on the high-noise expert, the rest on "
+                                  "the low-noise expert.")
 
 
 class Wan22Schedule(io.ComfyNode):
@@ -38,12 +47,11 @@ class Wan22Schedule(io.ComfyNode):
                                tooltip="Shift of the flow-matching sigmas, applied as ModelSamplingSD3 applies it; "
                                        "higher spends more steps at high noise. Wan2.2: 12.0 text-to-video, 5.0 "
                                        "image-to-video; ComfyUI's template: 5.0."),
-                io.Combo.Input("boundary", options=list(core.BOUNDARY_MODES), default="auto",
-                               tooltip="auto: the model's boundary (0.875 text-to-video, 0.900 image-to-video, "
-                                       "or the diffusers folder's own). custom: boundary_ratio below."),
-                io.Float.Input("boundary_ratio", default=0.875, min=0.0, max=1.0, step=0.005,
-                               tooltip="Used when boundary is custom: steps whose sigma is at or above it run on "
-                                       "the high-noise expert, the rest on the low-noise expert."),
+                io.DynamicCombo.Input("boundary", options=[
+                    io.DynamicCombo.Option("auto", []),
+                    io.DynamicCombo.Option("custom", [boundary_ratio_input()]),
+                ], tooltip="auto: the model's boundary (0.875 text-to-video, 0.900 image-to-video, or the diffusers "
+                           "folder's own). custom: the boundary_ratio it shows."),
                 io.Combo.Input("scheduler", options=list(comfy.samplers.KSampler.SCHEDULERS),
                                default=core.DEFAULT_SCHEDULER, optional=True,
                                tooltip="ComfyUI's scheduler: how the sigmas are spaced. simple gives the "
@@ -58,28 +66,33 @@ class Wan22Schedule(io.ComfyNode):
                 io.Sigmas.Output(display_name="sigmas_low", tooltip="The low-noise expert's sigmas, for a native "
                                                                    "SamplerCustomAdvanced (add no noise)."),
             ],
+            # Old API prompts carry `boundary_ratio` at the top level: ComfyUI passes it on to `execute` only
+            # when the node accepts inputs its schema does not list.
+            accept_all_inputs=True,
         )
 
     @classmethod
-    def validate_inputs(cls, sampler, scheduler=None):
-        # Named here, so ComfyUI's own list check steps aside: old sampler names still load and run.
+    def validate_inputs(cls, sampler, scheduler=None, boundary=None, boundary_ratio=None):
+        # Named here, so ComfyUI's own list check steps aside: old sampler names still load and run. ComfyUI
+        # hands a dynamic input's value over to this function whole, so `boundary` must be named too (its
+        # boundary_ratio keeps ComfyUI's own range check).
         try:
             if sampler is not None:
                 core.sampler_name(sampler, comfy.samplers.KSampler.SAMPLERS)
             core.check_schedule_inputs(scheduler=scheduler, schedulers=comfy.samplers.KSampler.SCHEDULERS)
+            core.custom_boundary(boundary, boundary_ratio)  # the mode, and an old prompt's top-level ratio
         except Wan22InputError as e:
             return str(e)
         return True
 
     @classmethod
-    def execute(cls, experts, sampler, steps, flow_shift, boundary, boundary_ratio,
-                scheduler=core.DEFAULT_SCHEDULER) -> io.NodeOutput:
+    def execute(cls, experts, sampler, steps, flow_shift, boundary=None, scheduler=core.DEFAULT_SCHEDULER,
+                boundary_ratio=None, **_unknown) -> io.NodeOutput:
         # ComfyUI's own range checks refuse widget values at queue time; this also covers linked values.
-        core.check_schedule_inputs(boundary=boundary)
-        schedule = engine.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
+        custom = core.custom_boundary(boundary, boundary_ratio)
+        schedule = sigmas.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
                                          model_default=experts.default_boundary, sampler=sampler, scheduler=scheduler,
-                                         steps=steps, flow_shift=flow_shift,
-                                         custom_ratio=boundary_ratio if boundary == "custom" else None)
+                                         steps=steps, flow_shift=flow_shift, custom_ratio=custom)
         ui = {"text": [schedule.summary()],
               "split": [{"high": schedule.high_steps, "low": schedule.low_steps,
                          "boundary_ratio": schedule.boundary.ratio, "boundary_source": schedule.boundary.source}]}

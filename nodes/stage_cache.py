@@ -5,11 +5,13 @@ nothing of cache-dit may outlive the stage. Like ComfyUI's own EasyCache, everyt
 wrappers on the stage's own clone: cache-dit is installed when the stage's sampling starts (after
 ComfyUI has loaded and patched the weights) and removed when it ends, also after an error or an
 interrupt. Each of cache-dit's traps that this avoids is marked where it does.
+
+What the cache must know about the stage it learns from the calls its wrappers see, never from a copy of
+ComfyUI's own rules: the sigmas at the stage's sample call, the prompts at its first evaluation, and how
+ComfyUI batches them at its first transformer call. What it saw first must hold for the whole stage.
 """
 
 from __future__ import annotations
-
-import torch
 
 import comfy.patcher_extension
 
@@ -17,9 +19,11 @@ from .core import cache as core
 from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
 from .core.logs import quiet_cache_dit
+from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices
 
 KEY = "wan22_cache_dit"
 WrappersMP = comfy.patcher_extension.WrappersMP
+TURN_OFF = "set enabled to false on the Wan2.2 Cache-DiT node"
 
 
 def block_patches(transformer_options: dict) -> list[str]:
@@ -37,30 +41,39 @@ def refuse_block_patches(transformer_options: dict, role: str) -> None:
     if found:
         raise Wan22InputError("enabled", f"the {ROLE_WORDS[role]} expert carries per-block model patches "
                                          f"({', '.join(found[:3])}) that Wan2.2 Cache-DiT's cached block loop would "
-                                         "drop: set enabled to false on the Wan2.2 Cache-DiT node, or remove the "
-                                         "node that patches the model's blocks")
+                                         f"drop: {TURN_OFF}, or remove the node that patches the model's blocks")
+
+
+def describe_calls(calls) -> str:
+    return "; ".join("+".join(PROMPT_NAMES.get(i, str(i)) for i in call) or "unmarked" for call in calls)
 
 
 class StageCache:
     """cache-dit on one expert's diffusion model for exactly one stage, with a context of its own sized with
-    that stage's evaluations; `summary` holds cache-dit's own statistics once the stage has run.
+    the evaluations of that stage; `summary` holds cache-dit's own statistics once the stage has run.
 
-    How the conditional and unconditional passes reach the model decides how cache-dit must count them:
-    - "single": CFG 1, one pass per evaluation;
-    - "batched": both passes in one call, as ComfyUI runs them when memory allows: one step per call;
-    - "separate": memory is short, so ComfyUI would call them one after the other, unconditional first;
-      they are then called conditional first (what cache-dit's separate CFG expects), whatever ComfyUI's
-      batching would do step by step.
-    The mode is fixed when the stage starts, with ComfyUI's own batching rule; a stage whose batching
-    changes on the way is stopped rather than cached wrongly."""
+    `cfg_batching` is how the prompts of one evaluation reach the transformer, as first seen:
+    - "single": one prompt (CFG 1), one call per evaluation;
+    - "batched": all prompts in one call, as ComfyUI runs them when memory allows: one cache step per call;
+    - "separate": one call per prompt, as ComfyUI runs them when memory is short: cache-dit's separate CFG
+      then keeps a residual stream per prompt, in the order ComfyUI calls them (`pass_order`).
+    A stage whose prompts or batching change after that is stopped rather than cached wrongly."""
 
-    def __init__(self, plan: core.CachePlan, role: str, per_step: list[int], uncond: bool):
-        """`per_step`: the transformer evaluations of each step of the stage; `uncond`: whether ComfyUI
-        evaluates the negative prompt too."""
-        self.plan, self.role, self.per_step, self.uncond = plan, role, per_step, uncond
-        self.evaluations = sum(per_step)
-        self.passes = "single"
+    def __init__(self, plan: core.CachePlan, role: str, sampler: str):
+        self.plan, self.role, self.sampler = plan, role, sampler
+        self.per_step: list[int] = []
+        self.evaluations = 0
         self.config = None
+        self.cfg_batching = None
+        self.pass_order: tuple[str, ...] = ()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.prompts = None  # the prompts present in an evaluation, as the first one had them
+        self.pattern = None  # the prompts of each transformer call of the first evaluation
+        self.calls_now = None  # ... of the evaluation in progress (None outside an evaluation)
+        self.evaluations_seen = 0
+        self.diffusion_model = None
         self.block_forwards = 0
         self.summary = None
 
@@ -69,75 +82,103 @@ class StageCache:
         refuse_block_patches(model.model_options.get("transformer_options", {}), self.role)
         model.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, KEY, self.sampler_sample)
         model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY, self.calc_cond_batch)
-        model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, self.diffusion_model)
+        model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, self.diffusion_model_call)
 
-    def sampler_sample(self, executor, guider, sigmas, extra_args, callback, noise, *args, **kwargs):
+    # --- the stage's sample call: size the context from its sigmas, install, run, remove ---
+
+    def sampler_sample(self, executor, *args, **kwargs):
         # Installed here, not around the whole sampling: ComfyUI has loaded and patched the weights by now,
         # and unpatches them by their block names after this returns.
-        if self.uncond:
-            self.passes = "batched" if batch_fits(guider, noise, chunks=2) else "separate"
-        self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=self.passes == "separate")
-        diffusion_model = guider.model_patcher.model.diffusion_model
+        self._reset()
+        guider = call_argument(executor, args, kwargs, "model_wrap")
+        sigmas = call_argument(executor, args, kwargs, "sigmas")
+        self.per_step = core.evaluations_per_step(self.sampler, [float(s) for s in sigmas])
+        self.evaluations = sum(self.per_step)
+        self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=False)
+        self.diffusion_model = guider.model_patcher.model.diffusion_model
         counters = []
         try:
-            install(diffusion_model, self.config, self.plan.calibrator_config())
-            counters = [block.register_forward_hook(self.count_block) for block in diffusion_model.blocks]
-            out = executor(guider, sigmas, extra_args, callback, noise, *args, **kwargs)
-            self.summary = summary_of(diffusion_model)
+            install(self.diffusion_model, self.config, self.plan.calibrator_config())
+            counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
+            out = executor(*args, **kwargs)
+            self.summary = summary_of(self.diffusion_model)
             return out
         finally:
             for counter in counters:
                 counter.remove()
-            remove(diffusion_model)
+            remove(self.diffusion_model)
 
     def count_block(self, _module, _args, _output):
         self.block_forwards += 1
 
-    def calc_cond_batch(self, executor, model, conds, x_in, timestep, model_options):
+    # --- one evaluation: the prompts it carries must be those of the first one ---
+
+    def calc_cond_batch(self, executor, *args, **kwargs):
+        conds = call_argument(executor, args, kwargs, "conds")
+        model_options = call_argument(executor, args, kwargs, "model_options")
         refuse_block_patches(model_options.get("transformer_options", {}), self.role)
-        present = [i for i, c in enumerate(conds) if c is not None]
-        if len(present) != (2 if self.uncond else 1):
-            raise Wan22InputError("enabled", f"something calls the {ROLE_WORDS[self.role]} expert with "
-                                             f"{len(present)} prompt(s) where its sampler evaluates "
-                                             f"{2 if self.uncond else 1} (a guidance node or model patch that runs "
-                                             "the model again?), so its Cache-DiT context cannot be sized to the "
-                                             "run: set enabled to false on the Wan2.2 Cache-DiT node, or remove that "
-                                             "node")
-        if self.passes != "separate":
-            return executor(model, conds, x_in, timestep, model_options)
-        out = [torch.zeros_like(x_in) for _ in conds]
-        for i in present:  # conds[0] is the conditional prompt: it goes first
-            alone = [c if j == i else None for j, c in enumerate(conds)]  # keeps each pass's cond_or_uncond
-            out[i] = executor(model, alone, x_in, timestep, model_options)[i]
+        present = tuple(i for i, cond in enumerate(conds) if cond is not None)
+        if self.prompts is None:
+            self.prompts = present
+        elif present != self.prompts:
+            raise self.changed(f"an evaluation with the prompts {describe_calls([present])} where the stage began "
+                               f"with {describe_calls([self.prompts])} (a guidance node that runs the model again?)")
+        self.evaluations_seen += 1
+        if self.evaluations_seen > self.evaluations:
+            raise self.changed(f"more evaluations than the {self.evaluations} its sampler makes on these sigmas (a "
+                               "guidance node or model patch that runs the model again?)")
+        self.calls_now = []
+        out = executor(*args, **kwargs)
+        calls, self.calls_now = tuple(self.calls_now), None
+        if self.pattern is None:
+            if len(calls) != (2 if self.cfg_batching == "separate" else 1):
+                raise self.changed(f"its first step reached the transformer as {describe_calls(calls)}, which "
+                                   "Cache-DiT cannot pair with its steps (conditioning with several entries or areas?)")
+            self.pattern = calls
         return out
 
-    def diffusion_model(self, executor, *args, **kwargs):
-        options = transformer_options(args, kwargs)
+    # --- one transformer call: the batching is fixed by the first call ---
+
+    def diffusion_model_call(self, executor, *args, **kwargs):
+        options = call_argument(executor, args, kwargs, "transformer_options")
         refuse_block_patches(options, self.role)  # patches that come with a prompt's conditioning
-        if prompts_in(options) != (2 if self.passes == "batched" else 1):
-            raise Wan22InputError("enabled", f"ComfyUI changed how it batches the prompts in the middle of the "
-                                             f"{ROLE_WORDS[self.role]} stage (its free memory changed), so Cache-DiT "
-                                             "would pair the wrong passes: run the prompt again, or set enabled to "
-                                             "false on the Wan2.2 Cache-DiT node")
+        order = prompt_indices(options)
+        calls = self.calls_now
+        if calls is None:
+            raise self.changed("a transformer call outside ComfyUI's evaluation of the prompts")
+        if self.pattern is not None:
+            fits = len(calls) < len(self.pattern) and order == self.pattern[len(calls)]
+        else:
+            if not calls:
+                self.decide_batching(order)
+            fits = (not calls if self.cfg_batching != "separate" else
+                    len(order) == 1 and order[0] in self.prompts and all(order != c for c in calls))
+        if not fits:
+            raise self.changed(f"a call with {describe_calls([order])} after {describe_calls(calls) or 'none'} in "
+                               f"this step, where its first step had {describe_calls(self.pattern or calls)} "
+                               "(ComfyUI batches the prompts by free memory, which changed)")
+        calls.append(order)
         return executor(*args, **kwargs)
 
+    def decide_batching(self, order: tuple[int, ...]) -> None:
+        if set(order) == set(self.prompts):
+            self.cfg_batching = "single" if len(self.prompts) == 1 else "batched"
+            self.pass_order = tuple(PROMPT_NAMES.get(i, str(i)) for i in order)
+        elif len(self.prompts) == 2 and len(order) == 1 and order[0] in self.prompts:
+            self.cfg_batching = "separate"
+            first, second = order[0], next(i for i in self.prompts if i != order[0])
+            self.pass_order = (PROMPT_NAMES[first], PROMPT_NAMES[second])
+            # cache-dit's separate CFG keeps one residual stream for the even calls and one for the odd ones,
+            # each with its own difference (cfg_diff_compute_separate), so it pairs ComfyUI's calls as they come.
+            self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=True)
+            refresh(self.diffusion_model, self.config, self.plan.calibrator_config())
+        else:
+            raise self.changed(f"its first call carried {describe_calls([order])} of the prompts "
+                               f"{describe_calls([self.prompts])}")
 
-def transformer_options(args, kwargs) -> dict:
-    """The transformer options of a call to ComfyUI's WanModel.forward(x, timestep, context, clip_fea,
-    time_dim_concat, transformer_options, ...), as a diffusion-model wrapper receives it."""
-    return args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
-
-
-def prompts_in(options: dict) -> int:
-    """How many prompts (conditional, unconditional) a call with these transformer options carries."""
-    return len(options.get("cond_or_uncond", ())) or 1
-
-
-def batch_fits(guider, noise, chunks: int) -> bool:
-    """ComfyUI's own rule (comfy.samplers._calc_cond_batch) for whether `chunks` prompts go in one call."""
-    shape = [chunks * noise.shape[0]] + list(noise.shape[1:])
-    model = guider.inner_model
-    return model.memory_required(shape) * 1.5 < guider.model_patcher.get_free_memory(noise.device)
+    def changed(self, what: str) -> Wan22InputError:
+        return Wan22InputError("enabled", f"Cache-DiT cannot follow the {ROLE_WORDS[self.role]} stage: it saw {what}. "
+                                          f"Run the prompt again, or {TURN_OFF}")
 
 
 def install(diffusion_model, config, calibrator_config) -> None:
@@ -149,6 +190,15 @@ def install(diffusion_model, config, calibrator_config) -> None:
         adapter = BlockAdapter(transformer=diffusion_model, blocks=diffusion_model.blocks,
                                forward_pattern=ForwardPattern.Pattern_3, check_forward_pattern=False)
         cache_dit.enable_cache(adapter, cache_config=config, calibrator_config=calibrator_config)
+
+
+def refresh(diffusion_model, config, calibrator_config) -> None:
+    """A new context of the given config in place of the installed one. The blocks read their context by name
+    on every call, so a refresh before a call's blocks run applies to that call."""
+    import cache_dit
+
+    with quiet_cache_dit():
+        cache_dit.refresh_context(diffusion_model, cache_config=config, calibrator_config=calibrator_config)
 
 
 def remove(diffusion_model) -> None:

@@ -79,10 +79,10 @@ class CachePlan:
             raise Wan22InputError("calibrator", f"unknown calibrator {self.calibrator!r}: use one of "
                                                 f"{', '.join(CALIBRATORS)}")
 
-    def db_cache_config(self, role: str, evaluations: int | None, separate_cfg: bool):
+    def db_cache_config(self, role: str, evaluations: int | None, separate_cfg: bool | None):
         """cache-dit's config for one expert's context. With separate CFG, each evaluation is a pair of
-        transformer calls, the conditional one first (cache-dit's `cfg_compute_first=False`); without, one
-        call per evaluation (CFG 1, or both prompts batched in it)."""
+        transformer calls, each prompt with a residual stream of its own; without, one call per evaluation
+        (CFG 1, or both prompts batched in it). None leaves it open (the plan before a run decides it)."""
         from cache_dit import DBCacheConfig
 
         s = self.settings(role)
@@ -102,7 +102,9 @@ class CachePlan:
         return TaylorSeerCalibratorConfig(taylorseer_order=1)
 
     def strify(self, role: str) -> str:
-        text = self.db_cache_config(role, None, True).strify()
+        """cache-dit's name for one expert's settings, without the CFG part that each stage decides when it
+        runs (how ComfyUI batches the prompts; the sampler's report shows it)."""
+        text = self.db_cache_config(role, None, None).strify()
         return text + ("_T1" if self.calibrator == "taylorseer" else "")
 
     def summary(self) -> str:
@@ -148,12 +150,6 @@ def evaluations_per_step(sampler: str, stage_sigmas) -> list[int]:
                                      "samplers or turn Cache-DiT off")
 
 
-def needs_uncond(cfg: float, sampler: str) -> bool:
-    """Whether ComfyUI evaluates the negative prompt: at a CFG scale other than 1, and always for the
-    CFG++ samplers (they read the unconditional prediction)."""
-    return cfg != 1.0 or sampler.endswith("_cfg_pp")
-
-
 def skippable_steps(plan: CachePlan, role: str, evaluations: int) -> int:
     """The most evaluations the cache can serve on one expert in a stage of `evaluations`: its warm-up is
     always computed, and `max_cached_steps` caps the rest. At 4-step LoRA runs this is usually 0."""
@@ -171,8 +167,8 @@ def skip_note(plan: CachePlan, role: str, evaluations: int) -> str:
     return f"the cache can skip at most {could} of the {ROLE_WORDS[role]} expert's {evaluations} steps"
 
 
-def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: int, passes: str, calls: int,
-               block_forwards: int, layers: int) -> dict:
+def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: int, cfg_batching: str,
+               pass_order: tuple[str, ...], calls: int, block_forwards: int, layers: int) -> dict:
     """One cached expert's entry in the report: cache-dit's own summary of its context (cached
     evaluations per pass, residual differences against the threshold), the blocks really run against
     a run without cache, and how much the plan could skip at most."""
@@ -180,9 +176,12 @@ def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: in
         "config": config,
         "calibrator": plan.calibrator,
         "evaluations": evaluations,
-        "passes": passes,  # single (CFG 1) | batched (cond and uncond in one call) | separate
+        "cfg_batching": cfg_batching,  # single (CFG 1) | batched (both prompts in one call) | separate (one each)
+        "pass_order": list(pass_order),  # the prompts in the order ComfyUI ran them (separate: cache-dit's streams)
         "block_forwards": block_forwards,
         "block_forwards_without_cache": calls * layers,
+        # cache-dit's evaluations served from the cache; with separate calls, cached_steps are those of the
+        # first pass of each evaluation and cfg_cached_steps those of the second (pass_order names them)
         "cached_steps": sorted(int(s) for s in (summary.cached_steps if summary else [])),
         "cfg_cached_steps": sorted(int(s) for s in (summary.cfg_cached_steps if summary else [])),
         "residual_diffs": {str(k): round(float(v), 5) for k, v in (summary.residual_diffs if summary else {}).items()},

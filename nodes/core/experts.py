@@ -46,6 +46,7 @@ class Wan22Experts:
     sources: tuple[str, str]
     default_boundary: float
     cache_plan: Any = None
+    cache_node: str | None = None  # the id of the Cache-DiT node that made the plan, for the canvas
     loras: tuple[LoraNote, ...] = ()
 
     def models(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ class RunRecord:
     split: tuple[int, int]
     steps: list[StepRecord] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})  # transformer calls
-    passes: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})  # cond/uncond passes in them
+    forward_passes: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})  # prompts in those calls
     seconds: dict[str, float] = field(default_factory=lambda: {r: 0.0 for r in ROLES})
     cache: dict = field(default_factory=dict)  # per cached expert: cache-dit's statistics
 
@@ -33,7 +33,8 @@ class RunRecord:
         context, i.e. per expert, so expert-local evaluation indices are mapped back to run steps."""
         flags, local = [], {role: 0 for role in ROLES}
         for step in self.steps:
-            cached = set(self.cache.get(step.expert, {}).get("cached_steps", []))
+            stats = self.cache.get(step.expert, {})
+            cached = set(stats.get("cached_steps", [])) | set(stats.get("cfg_cached_steps", []))
             first = local[step.expert]
             flags.append(any(e in cached for e in range(first, first + step.evaluations)))
             local[step.expert] += step.evaluations
@@ -57,7 +58,7 @@ def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord
         "cfg": {role: float(cfg[role]) for role in ROLES},
         "wall_seconds": {**record.seconds, "total": round(sum(record.seconds.values()), 4)},
         "transformer_calls": dict(record.calls),
-        "forward_passes": dict(record.passes),
+        "forward_passes": dict(record.forward_passes),
         "expert_per_step": [s.expert for s in record.steps],
         "cache": {"plan": experts.cache_plan.summary() if experts.cache_plan else None, **record.cache},
     }
@@ -82,3 +83,19 @@ def summary_line(report: dict) -> str:
                 line += f"; {stats['note']}"
             lines.append(line)
     return "\n".join(lines)
+
+
+BATCHING_WORDS = {"single": "one prompt", "batched": "positive + negative in one call",
+                  "separate": "one call per prompt"}
+
+
+def cache_used_line(report: dict) -> str:
+    """What the Cache-DiT node's plan became in this run, per cached expert: cache-dit's config with the CFG
+    mode really used, and how the prompts reached the transformer."""
+    parts = []
+    for role in ROLES:
+        stats = report["cache"].get(role)
+        if stats and "config" in stats:
+            batching = BATCHING_WORDS.get(stats["cfg_batching"], stats["cfg_batching"])
+            parts.append(f"{role} {stats['config']} ({batching})")
+    return "last run: " + "; ".join(parts)

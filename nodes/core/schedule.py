@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .errors import Wan22InputError
 
 BOUNDARY_MODES = ("auto", "custom")
+DEFAULT_CUSTOM_BOUNDARY = 0.875
 MAX_STEPS = 1000
 DEFAULT_SAMPLER, DEFAULT_SCHEDULER = "uni_pc", "simple"
 # Workflows saved before the pack ran ComfyUI's own samplers name diffusers' schedulers; each maps to
@@ -79,6 +80,35 @@ def check_schedule_inputs(*, steps=None, flow_shift=None, boundary=None, boundar
                                                 "(a fraction of the 1000 training timesteps), e.g. 0.875")
     if scheduler is not None and scheduler not in schedulers:
         raise Wan22InputError("scheduler", f"unknown scheduler {scheduler!r}: use one of {', '.join(schedulers)}")
+
+
+def boundary_mode(boundary) -> str:
+    """"auto" or "custom" from a schedule node's `boundary` input (see `custom_boundary`); unset is auto."""
+    mode = boundary.get("boundary") if isinstance(boundary, dict) else boundary
+    mode = "auto" if mode is None else mode
+    check_schedule_inputs(boundary=mode)
+    return mode
+
+
+def custom_boundary(boundary, legacy_ratio=None) -> float | None:
+    """The custom boundary ratio a schedule node's `boundary` input asks for, or None for auto.
+
+    `boundary` is the dynamic input as ComfyUI hands it over ({"boundary": mode, "boundary_ratio": r}), or a
+    bare mode; `legacy_ratio` is the top-level `boundary_ratio` of prompts saved before the ratio moved
+    inside the boundary input."""
+    if boundary_mode(boundary) == "auto":
+        return None
+    ratio = boundary.get("boundary_ratio") if isinstance(boundary, dict) else None
+    ratio = ratio if ratio is not None else legacy_ratio
+    if ratio is None:
+        return DEFAULT_CUSTOM_BOUNDARY
+    try:
+        ratio = float(ratio)
+    except (TypeError, ValueError):
+        raise Wan22InputError("boundary_ratio", f"{ratio!r} is not a number: give a sigma between 0 and 1, "
+                                                "e.g. 0.875") from None
+    check_schedule_inputs(boundary_ratio=ratio)
+    return ratio
 
 
 def count_split(sigmas, boundary: Boundary) -> tuple[int, int]:

@@ -14,6 +14,15 @@ def context_sizes(module) -> list[int | None]:
     return [manager.get_context(name).cache_config.num_inference_steps for name in module._context_names]
 
 
+def context_configs(module) -> list[tuple[int | None, bool | None]]:
+    """(evaluations, separate CFG) of each context cache-dit holds on a module, read from cache-dit itself."""
+    manager = getattr(module, "_context_manager", None)
+    if manager is None:
+        return []
+    configs = [manager.get_context(name).cache_config for name in module._context_names]
+    return [(c.num_inference_steps, c.enable_separate_cfg) for c in configs]
+
+
 def leftovers(module) -> list[str]:
     """Any trace of cache-dit (or of a hook) on a module and its sub-modules: empty after a clean stage."""
     found = [f"{name or '<model>'}.{attr}" for name, sub in module.named_modules() for attr in CACHE_DIT_ATTRIBUTES

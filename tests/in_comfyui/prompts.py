@@ -10,6 +10,16 @@ KSamplerAdvanced "16" (0 -> switch, leftover noise) and "17" (switch -> end).
 from wan22_cachedit.nodes.core.cache import CachePlan
 
 TINY_VAE = "wan_2.1_vae.safetensors"
+
+
+def expert_files(tiny, task="t2v", fmt="fp16") -> tuple[str, str]:
+    """The tiny (high-noise, low-noise) expert files of a task, in one of the single-file formats."""
+    return tiny["names"][(task, "high", fmt)], tiny["names"][(task, "low", fmt)]
+
+
+def text_folder(tiny) -> str:
+    """The tiny diffusers folder whose umt5 text encoder (and experts) the in-process prompts use."""
+    return tiny["names"][("t2v", "diffusers")]
 FINAL = {"ours": "5", "native": "17"}  # the node whose LATENT is the run's result
 
 
@@ -50,9 +60,12 @@ def bridged(high=None, low=None, loras=None):
 
 def schedule(experts_from="1", sampler="uni_pc", steps=40, flow_shift=12.0, boundary="auto", boundary_ratio=0.875,
              scheduler="simple"):
-    return {"class_type": "Wan22Schedule",
-            "inputs": {"experts": [experts_from, 0], "sampler": sampler, "steps": steps, "flow_shift": flow_shift,
-                       "boundary": boundary, "boundary_ratio": boundary_ratio, "scheduler": scheduler}}
+    """The schedule node as the frontend writes it: the ratio is an input of the custom boundary only."""
+    inputs = {"experts": [experts_from, 0], "sampler": sampler, "steps": steps, "flow_shift": flow_shift,
+              "boundary": boundary, "scheduler": scheduler}
+    if boundary == "custom":
+        inputs["boundary.boundary_ratio"] = boundary_ratio
+    return {"class_type": "Wan22Schedule", "inputs": inputs}
 
 
 def schedule_prompt(experts, **schedule_inputs):
@@ -135,7 +148,8 @@ def native_prompt(high, low, text_folder, *, switch, sampler="uni_pc", scheduler
                "inputs": {**common, "model": ["14", 0], "add_noise": "enable", "cfg": cfg[0], "latent_image": ["4", 0],
                           "start_at_step": 0, "end_at_step": switch, "return_with_leftover_noise": "enable"}}
     p["17"] = {"class_type": "KSamplerAdvanced",
-               "inputs": {**common, "model": ["15", 0], "add_noise": "disable", "cfg": cfg[1], "latent_image": ["16", 0],
+               "inputs": {**common, "model": ["15", 0], "add_noise": "disable", "cfg": cfg[1], "latent_image": ["16",
+                                                                                                                0],
                           "start_at_step": switch, "end_at_step": 10000, "return_with_leftover_noise": "disable"}}
     p["18"] = {"class_type": "PreviewAny", "inputs": {"source": ["17", 0]}}
     return p
@@ -184,6 +198,15 @@ def failed_at_run(comfyui, prompt):
     assert result.valid, result.node_errors
     assert not result.success
     return result.execution_error()["exception_message"]
+
+
+def diffusion_models(comfyui, node="1", executor=None) -> dict:
+    """The shared diffusion models of the experts node `node` made in the executor's last run, by role (none
+    before it has run): what every clone of those experts runs, and what nothing may be left on."""
+    output = comfyui.cached_output(node, executor)
+    if output is None:
+        return {}
+    return {role: model.model.diffusion_model for role, model in output[0][0].models().items()}
 
 
 def two_samplers_in_one_graph(comfyui, first, second, executor):

@@ -9,46 +9,16 @@ import torch
 
 from wan22_cachedit.nodes.core import cache as C
 
-from .cache_state import context_sizes, leftovers
+from .cache_state import context_configs, context_sizes, leftovers
 
-from .prompts import (FINAL, bridged, failed_at_run, latent_of, loader, native_prompt, our_prompt, report_of, run_ok,
-                      two_samplers_in_one_graph)
+from .prompts import (FINAL, bridged, diffusion_models, expert_files, failed_at_run, latent_of, loader, native_prompt,
+                      our_prompt, report_of, run_ok, text_folder, two_samplers_in_one_graph)
 
 SMALL = dict(width=32, height=32, length=1)  # one 4x4 latent frame: long schedules stay cheap
 
 
-def files(tiny):
-    n = tiny["names"]
-    return n[("t2v", "high", "fp16")], n[("t2v", "low", "fp16")]
-
-
-def text(tiny):
-    return tiny["names"][("t2v", "diffusers")]
-
-
 def cached_prompt(tiny, cache=None, **run):
-    return our_prompt(loader(*files(tiny)), text(tiny), cache={} if cache is None else cache, **run)
-
-
-def diffusion_models(comfyui, node="1", executor=None):
-    """The loaded experts' shared diffusion models by role (none before the loader has run)."""
-    output = comfyui.cached_output(node, executor)
-    if output is None:
-        return {}
-    return {role: model.model.diffusion_model for role, model in output[0][0].models().items()}
-
-
-@pytest.fixture
-def progress_hook(monkeypatch):
-    """Calls each `hook(value, total)` at every step of a run, as ComfyUI's server hook is called (and where
-    it interrupts), unthrottled."""
-    import comfy.utils
-
-    hooks = []
-    monkeypatch.setattr(comfy.utils, "PROGRESS_THROTTLE_MIN_INTERVAL", 0.0)
-    comfy.utils.set_progress_bar_global_hook(lambda value, total, *args, **kwargs: [h(value, total) for h in hooks])
-    yield hooks
-    comfy.utils.set_progress_bar_global_hook(None)
+    return our_prompt(loader(*expert_files(tiny)), text_folder(tiny), cache={} if cache is None else cache, **run)
 
 
 @pytest.mark.parametrize("runs", [
@@ -62,7 +32,7 @@ def test_each_context_holds_its_experts_evaluations_of_this_run_read_from_cache_
     for sampler, steps, shift, expected in runs:
         seen = set()
 
-        def contexts_now(value, total):
+        def contexts_now(value, total, node):
             models = diffusion_models(comfyui, executor=executor)
             if models:  # the loader's own progress comes before its experts exist
                 seen.add(tuple((role, tuple(context_sizes(m))) for role, m in models.items()))
@@ -83,16 +53,17 @@ def test_every_comfyui_sampler_makes_the_evaluations_its_context_is_sized_with(c
     """The table of evaluations per step against ComfyUI itself, sampler by sampler (CFG 1: one call each)."""
     import comfy.samplers
 
-    schedule_module = comfyui.pack("nodes.engine")
+    schedule_module = comfyui.pack("nodes.sigmas")
     for sampler in comfy.samplers.KSampler.SAMPLERS:
         if sampler in C.ADAPTIVE:
             continue
-        result = run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), sampler=sampler, steps=7,
-                                            flow_shift=8.0, cfg=(1.0, 1.0), **SMALL))
+        result = run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models),
+                                            sampler=sampler, steps=7, flow_shift=8.0, cfg=(1.0, 1.0), **SMALL))
         report = report_of(result)
         schedule = schedule_module.build_schedule(has_high=True, has_low=True, model_default=0.875, sampler=sampler,
                                                   scheduler="simple", steps=7, flow_shift=8.0)
-        predicted = {role: sum(C.evaluations_per_step(sampler, schedule.stage_sigmas(role))) for role in ("high", "low")}
+        predicted = {role: sum(C.evaluations_per_step(sampler, schedule.stage_sigmas(role)))
+                     for role in ("high", "low")}
         assert report["transformer_calls"] == predicted, sampler
 
 
@@ -106,7 +77,7 @@ def test_cached_seeds_a_b_a_give_bit_identical_a_results(comfyui, tiny_models):
 
 def test_one_graph_two_samplers_one_cached_one_not_each_equals_its_run_alone(comfyui, tiny_models):
     cached_alone = cached_prompt(tiny_models, steps=12, seed=21)
-    plain_alone = our_prompt(loader(*files(tiny_models)), text(tiny_models), steps=12, seed=21)
+    plain_alone = our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), steps=12, seed=21)
     expected = {}
     for key, prompt in (("cached", cached_alone), ("plain", plain_alone)):
         executor = comfyui.new_executor()
@@ -120,14 +91,15 @@ def test_one_graph_two_samplers_one_cached_one_not_each_equals_its_run_alone(com
 
 
 def test_off_after_cached_runs_is_comfyuis_own_graph_and_nothing_stays_on_the_experts(comfyui, tiny_models):
-    high, low = files(tiny_models)
+    high, low = expert_files(tiny_models)
     run = dict(sampler="uni_pc", steps=10, flow_shift=12.0, seed=2)
     executor = comfyui.new_executor()
     for seed in (1, 2):
-        run_ok(comfyui, our_prompt(bridged(high, low), text(tiny_models), cache={}, **{**run, "seed": seed}), executor)
+        run_ok(comfyui, our_prompt(bridged(high, low), text_folder(tiny_models), cache={}, **{**run, "seed": seed}),
+               executor)
     models = diffusion_models(comfyui, executor=executor)
     blocks = {role: m.blocks for role, m in models.items()}
-    result = run_ok(comfyui, our_prompt(bridged(high, low), text(tiny_models), cache={"enabled": False}, **run),
+    result = run_ok(comfyui, our_prompt(bridged(high, low), text_folder(tiny_models), cache={"enabled": False}, **run),
                     executor)
     assert result.outputs["20"]["text"] == ["Cache-DiT off"] and report_of(result)["cache"]["plan"] is None
     ours = latent_of(comfyui, FINAL["ours"], executor)
@@ -137,7 +109,7 @@ def test_off_after_cached_runs_is_comfyuis_own_graph_and_nothing_stays_on_the_ex
         assert "wrappers" not in comfyui.cached_output(loader_node, executor)[0][0].model_options.get(
             "transformer_options", {})
     switch = report_of(result)["split"]["high"]
-    run_ok(comfyui, native_prompt(high, low, text(tiny_models), switch=switch, **run), executor)
+    run_ok(comfyui, native_prompt(high, low, text_folder(tiny_models), switch=switch, **run), executor)
     assert torch.equal(ours, latent_of(comfyui, FINAL["native"], executor))
 
 
@@ -149,7 +121,7 @@ def test_with_a_permissive_threshold_both_experts_cache_and_the_result_changes(c
     for role in ("high", "low"):
         stats = report["cache"][role]
         assert stats["cached_steps"] and stats["block_forwards"] < stats["block_forwards_without_cache"]
-    run_ok(comfyui, our_prompt(loader(*files(tiny_models)), text(tiny_models), steps=12, seed=5))
+    run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), steps=12, seed=5))
     assert not torch.equal(cached, latent_of(comfyui, FINAL["ours"]))
     assert "cache high:" in result.outputs["5"]["text"][0] and "% saved" in result.outputs["5"]["text"][0]
 
@@ -162,10 +134,16 @@ def test_the_report_shows_per_expert_what_cache_dit_did_and_what_it_was_sized_wi
     for role, n in (("high", 13), ("low", 7)):
         stats = report["cache"][role]
         # cond and uncond batched in one call, as ComfyUI runs them when memory allows: one step per call
-        assert stats["passes"] == "batched" and stats["config"] == C.CachePlan().db_cache_config(role, n, False).strify()
+        assert stats["cfg_batching"] == "batched" and stats["pass_order"] == ["negative", "positive"]  # as batched
+        assert stats["config"] == C.CachePlan().db_cache_config(role, n, False).strify()
         assert stats["evaluations"] == n and stats["block_forwards_without_cache"] == n * 4  # 4 blocks per call
         assert set(stats["residual_diffs"]) and stats["threshold"] == 0.24
     assert result.outputs["20"]["text"][0].startswith("high DBCache_F1B0_W4")
+    assert "_CFG" not in result.outputs["20"]["text"][0]  # the CFG mode is the run's: on the canvas after it
+    (used,) = result.outputs["5"]["cache_used"]
+    assert used["node"] == "20" and used["text"] == (f"last run: high {report['cache']['high']['config']} (positive "
+                                                     f"+ negative in one call); low {report['cache']['low']['config']} "
+                                                     "(positive + negative in one call)")
     node_text = result.outputs["5"]["text"][0]
     assert "(context sized 13)" in node_text and "(context sized 7)" in node_text
 
@@ -190,12 +168,14 @@ def test_taylorseer_forecasts_cached_steps_and_stays_repeatable(comfyui, tiny_mo
     assert torch.equal(*latents["taylorseer"]) and not torch.equal(latents["none"][0], latents["taylorseer"][0])
 
 
-def test_split_cfg_batches_keep_the_contexts_sized_and_the_runs_repeatable(comfyui, tiny_models, monkeypatch):
+def test_split_cfg_batches_keep_the_contexts_sized_and_the_runs_repeatable(comfyui, tiny_models, monkeypatch,
+                                                                         progress_hook):
     """ComfyUI calls cond and uncond separately when memory is short (the free-memory estimate it batches by
-    is patched here): the cache then pairs them, conditional first, in contexts of the same size."""
+    is patched here): the cache sees it at the stage's first call and pairs them with cache-dit's separate CFG,
+    read from cache-dit's own context while the run goes, in contexts of the same size."""
     import comfy.model_patcher
 
-    prompt = our_prompt(loader(*files(tiny_models)), text(tiny_models), steps=10, seed=7, cfg=(4.0, 3.0))
+    prompt = our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), steps=10, seed=7, cfg=(4.0, 3.0))
     batched = report_of(run_ok(comfyui, prompt))
     batched_cache = report_of(run_ok(comfyui, cached_prompt(tiny_models, steps=10, seed=8)))["cache"]
     monkeypatch.setattr(comfy.model_patcher.ModelPatcher, "get_free_memory", lambda self, device: 1024)
@@ -204,18 +184,27 @@ def test_split_cfg_batches_keep_the_contexts_sized_and_the_runs_repeatable(comfy
     latents = []
     for seed in (8, 9, 8):
         executor = comfyui.new_executor()
+        seen = set()
+
+        def contexts_now(value, total, node):
+            for role, model in diffusion_models(comfyui, executor=executor).items():
+                seen.update((role, config) for config in context_configs(model))
+
+        progress_hook[:] = [contexts_now]
         report = report_of(run_ok(comfyui, cached_prompt(tiny_models, steps=10, seed=seed), executor))
         latents.append(latent_of(comfyui, FINAL["ours"], executor))
         for role in ("high", "low"):
             stats = report["cache"][role]
-            assert stats["passes"] == "separate" and stats["config"].endswith("_CFG1")
+            assert stats["cfg_batching"] == "separate" and stats["config"].endswith("_CFG1")
+            assert stats["pass_order"] == ["negative", "positive"]  # ComfyUI's own order, as it called them
             assert stats["evaluations"] == batched_cache[role]["evaluations"]  # the same context size
+            assert (role, (stats["evaluations"], True)) in seen  # cache-dit's own context: separate CFG
             assert stats["cfg_cached_steps"] == stats["cached_steps"] != []  # both passes cached, in pairs
     assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
 
 
-def test_a_stage_whose_batching_changes_on_the_way_is_stopped_rather_than_cached_wrongly(comfyui, tiny_models,
-                                                                                          monkeypatch):
+def test_a_stage_whose_batching_changes_on_the_way_is_stopped_and_leaves_nothing_behind(comfyui, tiny_models,
+                                                                                        monkeypatch):
     import comfy.model_patcher
 
     free = comfy.model_patcher.ModelPatcher.get_free_memory
@@ -226,10 +215,16 @@ def test_a_stage_whose_batching_changes_on_the_way_is_stopped_rather_than_cached
         return free(self, device) if len(asked) == 1 else 1024
 
     monkeypatch.setattr(comfy.model_patcher.ModelPatcher, "get_free_memory", memory_runs_short_after_the_stage_started)
-    message = failed_at_run(comfyui, cached_prompt(tiny_models, steps=10, seed=3))
-    assert message.startswith("enabled: ComfyUI changed how it batches the prompts in the middle of the high-noise")
+    executor = comfyui.new_executor()
+    result = comfyui.run(cached_prompt(tiny_models, steps=10, seed=3), executor=executor)
+    assert result.valid and not result.success
+    message = result.execution_error()["exception_message"]
+    assert message.startswith("enabled: Cache-DiT cannot follow the high-noise stage: it saw a call with negative "
+                              "after none in this step, where its first step had negative+positive")
     monkeypatch.undo()
-    for model in diffusion_models(comfyui, executor=comfyui.executor).values():
+    models = diffusion_models(comfyui, executor=executor)  # the experts the failed run loaded and cached on
+    assert set(models) == {"high", "low"}
+    for model in models.values():
         assert leftovers(model) == []
 
 
@@ -239,8 +234,9 @@ def test_an_interrupted_cached_run_leaves_no_trace_and_the_same_prompt_then_equa
 
     prompt = cached_prompt(tiny_models, steps=30, seed=12, **SMALL)
     executor = comfyui.new_executor()
-    def interrupt_at_the_tenth_step(value, total):
-        if total == 30 and value == 10:  # what POST /interrupt and the server's progress hook do
+
+    def interrupt_at_the_tenth_step(value, total, node):
+        if node == "5" and value == 10:  # what POST /interrupt and the server's progress hook do
             mm.interrupt_current_processing(True)
             mm.throw_exception_if_processing_interrupted()
 
@@ -260,12 +256,12 @@ def test_an_interrupted_cached_run_leaves_no_trace_and_the_same_prompt_then_equa
 
 def test_a_per_block_patch_is_refused_by_name_with_the_cache_on_and_honoured_without(comfyui, tiny_models):
     """ComfyUI's own Skip Layer Guidance replaces block 1 of the high-noise expert in an extra pass."""
-    high, low = files(tiny_models)
+    high, low = expert_files(tiny_models)
     slg = {"class_type": "SkipLayerGuidanceDiT",
            "inputs": {"model": ["10", 0], "double_layers": "1", "single_layers": "", "scale": 3.0,
                       "start_percent": 0.0, "end_percent": 1.0, "rescaling_scale": 0.0}}
     run = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4)
-    prompt = our_prompt(bridged(high, low), text(tiny_models), cache={}, **run)
+    prompt = our_prompt(bridged(high, low), text_folder(tiny_models), cache={}, **run)
     prompt["9"] = slg
     prompt["1"]["inputs"]["high_noise_model"] = ["9", 0]
     message = failed_at_run(comfyui, prompt)
@@ -274,7 +270,7 @@ def test_a_per_block_patch_is_refused_by_name_with_the_cache_on_and_honoured_wit
     prompt["20"]["inputs"]["enabled"] = False
     result = run_ok(comfyui, prompt)
     ours = latent_of(comfyui, FINAL["ours"])
-    native = native_prompt(high, low, text(tiny_models), switch=report_of(result)["split"]["high"], **run)
+    native = native_prompt(high, low, text_folder(tiny_models), switch=report_of(result)["split"]["high"], **run)
     native["9"] = slg
     native["14"]["inputs"]["model"] = ["9", 0]
     run_ok(comfyui, native)

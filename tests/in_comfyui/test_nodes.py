@@ -6,15 +6,11 @@ import dataclasses
 import pytest
 import torch
 
-from .prompts import (bridged, diffusers_loader, failed_at_run, loader, refused_at_queue, run_ok, schedule,
-                      schedule_prompt, split_of)
+from .prompts import (bridged, diffusers_loader, expert_files, failed_at_run, inputs_of_a_run, loader, refused_at_queue,
+                      run_ok, schedule, schedule_prompt, split_of, text_folder)
 
 NODE_IDS = ("Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22ExpertsFromModel", "Wan22Schedule",
             "Wan22CacheDiT", "Wan22TwoStageSampler", "Wan22TextEncode", "Wan22LoraLoader")
-
-
-def names(tiny, task="t2v", fmt="fp16"):
-    return tiny["names"][(task, "high", fmt)], tiny["names"][(task, "low", fmt)]
 
 
 def simple_split(steps, shift, boundary):
@@ -54,7 +50,7 @@ def test_the_sampler_and_scheduler_lists_are_comfyuis_own(comfyui):
     ("uni_pc", 40, 5.0, (18, 22)), ("uni_pc", 40, 12.0, (26, 14)),
 ])
 def test_t2v_experts_on_auto_split_as_comfyuis_own_sigmas_say(comfyui, tiny_models, sampler, steps, shift, expected):
-    result = run_ok(comfyui, schedule_prompt(loader(*names(tiny_models)), sampler=sampler, steps=steps,
+    result = run_ok(comfyui, schedule_prompt(loader(*expert_files(tiny_models)), sampler=sampler, steps=steps,
                                              flow_shift=shift))
     assert split_of(result) == expected
     if sampler != "uni_pc":
@@ -72,7 +68,7 @@ def test_the_schedule_holds_the_very_sigmas_ksampler_computes_on_the_shifted_exp
     import comfy.samplers
     import comfy_extras.nodes_model_advanced as advanced
 
-    prompt = schedule_prompt(bridged(*names(tiny_models)), sampler=sampler, scheduler=scheduler, steps=13,
+    prompt = schedule_prompt(bridged(*expert_files(tiny_models)), sampler=sampler, scheduler=scheduler, steps=13,
                              flow_shift=7.0)
     run_ok(comfyui, prompt)
     our_schedule, _, _, sigmas_high, sigmas_low = (output[0] for output in comfyui.cached_output("2"))
@@ -85,7 +81,7 @@ def test_the_schedule_holds_the_very_sigmas_ksampler_computes_on_the_shifted_exp
 
 
 def test_i2v_experts_on_auto_use_the_i2v_boundary(comfyui, tiny_models):
-    result = run_ok(comfyui, schedule_prompt(loader(*names(tiny_models, "i2v", "fp8_scaled")), sampler="euler",
+    result = run_ok(comfyui, schedule_prompt(loader(*expert_files(tiny_models, "i2v", "fp8_scaled")), sampler="euler",
                                              flow_shift=5.0))
     assert split_of(result) == simple_split(40, 5.0, 0.9) == (15, 25)
     assert result.outputs["2"]["split"][0]["boundary_ratio"] == 0.9
@@ -93,7 +89,7 @@ def test_i2v_experts_on_auto_use_the_i2v_boundary(comfyui, tiny_models):
 
 @pytest.mark.parametrize("sampler", ["uni_pc", "euler", "dpmpp_2m"])
 def test_one_expert_alone_gets_every_step(comfyui, tiny_models, sampler):
-    high, low = names(tiny_models)
+    high, low = expert_files(tiny_models)
     low_only = run_ok(comfyui, schedule_prompt(loader(low=low), sampler=sampler, steps=30, boundary="custom",
                                                boundary_ratio=1.0))
     assert split_of(low_only) == (0, 30)
@@ -110,11 +106,53 @@ def test_a_diffusers_folder_through_the_node(comfyui, tiny_models):
 
 @pytest.mark.parametrize("old,new", [("unipc", "uni_pc"), ("euler", "euler"), ("dpmpp", "dpmpp_2m")])
 def test_a_prompt_saved_with_an_old_sampler_name_runs_with_its_comfyui_sampler(comfyui, tiny_models, old, new):
-    prompt = schedule_prompt(loader(*names(tiny_models)), sampler=old)
+    prompt = schedule_prompt(loader(*expert_files(tiny_models)), sampler=old)
     del prompt["2"]["inputs"]["scheduler"]  # saved before the scheduler input existed
     result = run_ok(comfyui, prompt)
     assert result.outputs["2"]["text"][0].startswith(f"{new}/simple, 40 steps")
-    assert split_of(result) == split_of(run_ok(comfyui, schedule_prompt(loader(*names(tiny_models)), sampler=new)))
+    assert split_of(result) == split_of(run_ok(comfyui, schedule_prompt(loader(*expert_files(tiny_models)),
+                                                                        sampler=new)))
+
+
+@pytest.mark.parametrize("ratio,expected", [(0.8, (31, 9)), (1.5, "boundary_ratio: 1.5 is outside [0, 1]")])
+def test_an_api_prompt_saved_with_the_ratio_beside_the_boundary_still_runs(comfyui, tiny_models, ratio, expected):
+    """Before the boundary became a dynamic input, API prompts carried boundary_ratio at the top level."""
+    prompt = schedule_prompt(loader(*expert_files(tiny_models)), sampler="euler", flow_shift=12.0)
+    prompt["2"]["inputs"].update(boundary="custom", boundary_ratio=ratio)
+    if isinstance(expected, str):
+        assert expected in refused_at_queue(comfyui, prompt, node="2")
+    else:
+        result = run_ok(comfyui, prompt)
+        assert split_of(result) == expected == simple_split(40, 12.0, ratio)
+        assert result.outputs["2"]["split"][0]["boundary_source"] == "custom"
+
+
+def test_the_diffusers_text_encoder_is_loaded_by_comfyuis_model_management(comfyui, tiny_models, monkeypatch):
+    """Wan22TextEncode hands its umt5 to load_models_gpu as a ModelPatcher, so ComfyUI makes room for it and
+    offloads it like any model, and lets it go after the encoding."""
+    import gc
+
+    import comfy.model_management as mm
+    import comfy.model_patcher
+
+    loaded = []
+    load_models_gpu = mm.load_models_gpu
+
+    def recording(models, *args, **kwargs):
+        for m in models:
+            wrapped = type(getattr(m.model, "encoder", m.model)).__name__
+            loaded.append((isinstance(m, comfy.model_patcher.ModelPatcher), wrapped, m.load_device))
+        return load_models_gpu(models, *args, **kwargs)
+
+    monkeypatch.setattr(mm, "load_models_gpu", recording)
+    prompt = {"3": inputs_of_a_run(text_folder(tiny_models), prompt_text="a dog runs on the beach")["3"],
+              "9": {"class_type": "PreviewAny", "inputs": {"source": ["3", 0]}}}
+    run_ok(comfyui, prompt, comfyui.new_executor())
+    assert loaded == [(True, "UMT5EncoderModel", mm.text_encoder_device())]
+    gc.collect()
+    encoders = [m for m in mm.current_loaded_models if m.model is not None
+                and type(getattr(m.model.model, "encoder", None)).__name__ == "UMT5EncoderModel"]
+    assert encoders == []  # let go once the conditioning is made
 
 
 def snapshot(handle):
@@ -129,7 +167,7 @@ def snapshot(handle):
 
 
 def test_three_runs_on_one_handle_each_get_their_own_boundary_and_leave_it_unchanged(comfyui, tiny_models):
-    prompt = schedule_prompt(loader(*names(tiny_models)), sampler="euler", flow_shift=12.0)
+    prompt = schedule_prompt(loader(*expert_files(tiny_models)), sampler="euler", flow_shift=12.0)
     run_ok(comfyui, prompt)
     (handle,) = comfyui.cached_output("1")[0]
     before = snapshot(handle)
@@ -154,7 +192,7 @@ def test_both_experts_none_is_a_node_error(comfyui):
 
 
 def test_a_missing_file_is_a_node_error(comfyui, tiny_models):
-    prompt = schedule_prompt(loader(high="wan2.2_gone.safetensors", low=names(tiny_models)[1]))
+    prompt = schedule_prompt(loader(high="wan2.2_gone.safetensors", low=expert_files(tiny_models)[1]))
     details = refused_at_queue(comfyui, prompt)
     assert "high_noise_model: 'wan2.2_gone.safetensors' is not in models/diffusion_models" in details
     assert "put the file there" in details
@@ -172,7 +210,7 @@ def test_a_bad_file_is_a_node_error(comfyui, tiny_models, which, fragment):
                                        ("shallow", "depth (layers)")])
 def test_mismatched_experts_are_a_node_error_naming_the_difference(comfyui, tiny_models, low, label):
     low_name = tiny_models["names"][low] if isinstance(low, tuple) else tiny_models["broken"][low]
-    details = refused_at_queue(comfyui, schedule_prompt(loader(high=names(tiny_models)[0], low=low_name)))
+    details = refused_at_queue(comfyui, schedule_prompt(loader(high=expert_files(tiny_models)[0], low=low_name)))
     assert "low_noise_model: the experts do not match" in details and label in details
 
 
@@ -193,7 +231,7 @@ def test_a_symlinked_diffusers_folder_is_listed_and_loads(comfyui, tiny_models, 
     link = os.path.join(tiny_models["dir"], "diffusers", "Wan2.2-I2V-linked")
     os.symlink(elsewhere, link)
     try:
-        listed = comfyui.pack("nodes.loader_nodes").diffusers_folder_list()
+        listed = comfyui.pack("nodes.model_files").diffusers_folder_list()
         assert "Wan2.2-I2V-linked" in listed
         result = run_ok(comfyui, schedule_prompt(diffusers_loader("Wan2.2-I2V-linked"), sampler="euler",
                                                  flow_shift=5.0))
@@ -206,39 +244,40 @@ def test_a_symlinked_diffusers_folder_is_listed_and_loads(comfyui, tiny_models, 
     ({"steps": 0}, "Value 0 smaller than min of 1: steps"),
     ({"steps": 5000}, "Value 5000 bigger than max of 1000: steps"),
     ({"flow_shift": 0.0}, "Value 0.0 smaller than min of 0.01: flow_shift"),
-    ({"boundary": "custom", "boundary_ratio": 1.5}, "Value 1.5 bigger than max of 1.0: boundary_ratio"),
+    ({"boundary": "custom", "boundary_ratio": 1.5}, "Value 1.5 bigger than max of 1.0: boundary.boundary_ratio"),
+    ({"boundary": "sometimes"}, "boundary: unknown mode 'sometimes': use 'auto' or 'custom'"),
     ({"sampler": "ddim_x"}, "sampler: unknown sampler 'ddim_x': use one of ComfyUI's KSampler samplers"),
     ({"scheduler": "cosine"}, "scheduler: unknown scheduler 'cosine': use one of simple, sgm_uniform"),
 ])
 def test_out_of_range_schedule_values_are_refused_before_anything_runs(comfyui, tiny_models, inputs, fragment):
-    details = refused_at_queue(comfyui, schedule_prompt(loader(*names(tiny_models)), **inputs), node="2")
+    details = refused_at_queue(comfyui, schedule_prompt(loader(*expert_files(tiny_models)), **inputs), node="2")
     assert fragment in details
 
 
 def test_a_value_that_passes_the_widget_checks_but_is_invalid_fails_with_the_input_named(comfyui, tiny_models):
-    message = failed_at_run(comfyui, schedule_prompt(loader(*names(tiny_models)), flow_shift=float("nan")))
+    message = failed_at_run(comfyui, schedule_prompt(loader(*expert_files(tiny_models)), flow_shift=float("nan")))
     assert "flow_shift: nan is not allowed: the flow shift must be greater than 0" in message
 
 
 def test_a_refused_prompt_changes_nothing_for_the_next_one(comfyui, tiny_models):
-    good = schedule_prompt(loader(*names(tiny_models)), sampler="euler", flow_shift=5.0)
+    good = schedule_prompt(loader(*expert_files(tiny_models)), sampler="euler", flow_shift=5.0)
     assert split_of(run_ok(comfyui, good)) == (17, 23)
-    refused_at_queue(comfyui, schedule_prompt(loader(*names(tiny_models)), flow_shift=-1.0), node="2")
-    refused_at_queue(comfyui, schedule_prompt(loader(names(tiny_models)[0], tiny_models["broken"]["truncated"])))
+    refused_at_queue(comfyui, schedule_prompt(loader(*expert_files(tiny_models)), flow_shift=-1.0), node="2")
+    refused_at_queue(comfyui, schedule_prompt(loader(expert_files(tiny_models)[0], tiny_models["broken"]["truncated"])))
     again = comfyui.run(good, executor=comfyui.new_executor())  # computed afresh, not from the cache
     assert again.success and split_of(again) == (17, 23)
 
 
 def test_names_outside_the_model_folders_are_refused(comfyui, tiny_models):
     details = refused_at_queue(comfyui, schedule_prompt(loader(high="../../../../etc/passwd",
-                                                               low=names(tiny_models)[1])))
+                                                               low=expert_files(tiny_models)[1])))
     assert "high_noise_model:" in details and "is not in models/diffusion_models" in details
     details = refused_at_queue(comfyui, schedule_prompt(diffusers_loader("../../..", "both")))
     assert "model_folder: '../../..' is not a folder under models/diffusers" in details
 
 
 def test_loader_inputs_fed_by_links_validate_and_are_checked_when_they_run(comfyui, tiny_models):
-    high, low = names(tiny_models)
+    high, low = expert_files(tiny_models)
     switched = {f"9{i}": {"class_type": "ComfySwitchNode", "inputs": {"switch": True, "on_true": name,
                                                                      "on_false": "none"}}
                 for i, name in ((1, high), (2, low))}
@@ -271,7 +310,7 @@ def test_a_wan_model_that_is_not_an_a14b_expert_is_refused(comfyui, tiny_models)
                                           ("shallow", "depth (layers) 4 in")])
 def test_models_that_do_not_match_are_refused_naming_the_difference(comfyui, tiny_models, low, fragment):
     low_name = tiny_models["names"][low] if isinstance(low, tuple) else tiny_models["broken"][low]
-    message = failed_at_run(comfyui, schedule_prompt(bridged(high=names(tiny_models)[0], low=low_name)))
+    message = failed_at_run(comfyui, schedule_prompt(bridged(high=expert_files(tiny_models)[0], low=low_name)))
     assert message.startswith("low_noise_model: the experts do not match:") and fragment in message
     if low == ("i2v", "low", "fp16"):
         assert "one is text-to-video, the other image-to-video" in message

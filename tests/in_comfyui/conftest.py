@@ -1,0 +1,38 @@
+"""Fixtures of the in-process ComfyUI tests."""
+
+import pytest
+
+
+class ProgressHooks(list):
+    """Callables `hook(value, total, node_id)` called at every progress update of a run, as ComfyUI's server
+    hook is called (and where a cancel lands), unthrottled. `failing_at(node, call)` is one that raises an
+    error at the `call`-th progress update of a node, as a node failing in the middle of its work would."""
+
+    @staticmethod
+    def failing_at(node_id: str, call: int, error=RuntimeError("a failure in the middle of the run")):
+        seen = []
+
+        def hook(value, total, node):
+            if node == node_id:
+                seen.append(value)
+                if len(seen) == call:
+                    raise error
+        return hook
+
+
+@pytest.fixture
+def progress_hook(monkeypatch):
+    import comfy.utils
+    from comfy_execution.utils import get_executing_context
+
+    hooks = ProgressHooks()
+
+    def call_hooks(value, total, *args, **kwargs):
+        context = get_executing_context()
+        for hook in list(hooks):
+            hook(value, total, context.node_id if context is not None else None)
+
+    monkeypatch.setattr(comfy.utils, "PROGRESS_THROTTLE_MIN_INTERVAL", 0.0)
+    comfy.utils.set_progress_bar_global_hook(call_hooks)
+    yield hooks
+    comfy.utils.set_progress_bar_global_hook(None)
