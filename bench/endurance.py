@@ -32,12 +32,12 @@ def prompt(index: int, *, sampler="uni_pc", scheduler="simple", steps=6, flow_sh
     high = HIGH if experts in ("both", "high") else "none"
     low = LOW if experts in ("both", "low") else "none"
     width, height, length = size
+    schedule = {"experts": ["1", 0], "sampler": sampler, "steps": steps, "flow_shift": flow_shift, "boundary": boundary,
+                "scheduler": scheduler, **({"boundary.boundary_ratio": ratio} if boundary == "custom" else {})}
     return {
         "1": {"class_type": "Wan22ExpertLoader", "inputs": {"high_noise_model": high, "low_noise_model": low,
                                                             "weight_dtype": "fp32"}},
-        "2": {"class_type": "Wan22Schedule", "inputs": {"experts": ["1", 0], "sampler": sampler, "steps": steps,
-                                                        "flow_shift": flow_shift, "boundary": boundary,
-                                                        "boundary_ratio": ratio, "scheduler": scheduler}},
+        "2": {"class_type": "Wan22Schedule", "inputs": schedule},
         "3": {"class_type": "Wan22TextEncode", "inputs": {"model_folder": TEXT_FOLDER, "prompt": "a cat walks",
                                                           "negative_prompt": "blurry"}},
         "4": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": width, "height": height, "length": length,
@@ -55,11 +55,9 @@ def expected_split(server, p: dict) -> tuple[int, int]:
     """The split this prompt's own schedule gives, asked afresh of the server's live-split route (the same
     function as the schedule node, with no state of its own): a run that kept anything of an earlier
     prompt's schedule would disagree."""
-    s, loader = p["2"]["inputs"], p["1"]["inputs"]
-    status, answer = server.post("/wan22/split", {"loader": {"type": "Wan22ExpertLoader", "values": loader},
-                                                  **{k: v for k, v in s.items() if k != "experts"}})
-    assert status == 200, answer
-    return answer["high"], answer["low"]
+    status, answer = server.post("/wan22/split", {"prompt": p, "nodes": ["2"]})
+    assert status == 200 and "high" in answer["splits"]["2"], answer
+    return answer["splits"]["2"]["high"], answer["splits"]["2"]["low"]
 
 
 def invalid_prompts(start: int) -> list[tuple[dict, str]]:

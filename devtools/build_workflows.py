@@ -53,7 +53,7 @@ async (spec) => {
     }
   }
   app.graph.setDirtyCanvas(true, true);
-  await new Promise((resolve) => setTimeout(resolve, 800));
+  await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));  // laid out
   const workflow = app.graph.serialize();
   if (workflow.nodes.length !== spec.nodes.length) throw new Error("the graph was replaced while building");
   const { output } = await app.graphToPrompt();
@@ -102,7 +102,6 @@ def main(names: list[str]) -> int:
         write_standins(os.path.join(base, "models"), os.path.join(base, "input"))
         with ComfyServer(base) as server, browser() as instance:
             page = open_comfyui(instance, server.url, width=1800, height=1000)
-            page.wait_for_timeout(3000)  # the frontend loads its default workflow just after start-up
             for name, make in WORKFLOWS.items():
                 if not names or name in names:
                     build(page, name, make())

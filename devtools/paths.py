@@ -6,6 +6,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 COMFYUI_DIR = os.path.join(ROOT, ".comfyui", "ComfyUI")
 PACK_NAME = "wan22-cachedit"
+FRONTENDS_PIN = os.path.join(ROOT, "devtools", "frontends.txt")
+
+
+def newest_frontend() -> tuple[str, str]:
+    """(version, folder ComfyUI serves with --front-end-root) of the newest frontend the tests run on."""
+    with open(FRONTENDS_PIN) as f:
+        (pin,) = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    version = pin.split("==")[1]
+    return version, os.path.join(ROOT, ".frontends", version, "comfyui_frontend_package", "static")
 
 
 def make_base_directory(base: str) -> str:

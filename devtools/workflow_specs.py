@@ -45,8 +45,7 @@ def native_text(prompt: str) -> list[dict]:
 
 
 def schedule_widgets(sampler: str, steps: int, shift: float, scheduler: str = "simple") -> dict:
-    return {"sampler": sampler, "steps": steps, "flow_shift": shift, "boundary": "auto", "boundary_ratio": 0.875,
-            "scheduler": scheduler}
+    return {"sampler": sampler, "steps": steps, "flow_shift": shift, "boundary": "auto", "scheduler": scheduler}
 
 
 def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: int, shift: float) -> list[dict]:
@@ -54,7 +53,7 @@ def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: 
         node(4, "Wan22ExpertLoader", [20, 260], {"high_noise_model": high, "low_noise_model": low,
                                                  "weight_dtype": "default"}),
         node(5, "Wan22Schedule", [440, 560], schedule_widgets(sampler, steps, shift), {"experts": (4, 0)}),
-        node(6, "Wan22CacheDiT", [440, 840], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
+        node(6, "Wan22CacheDiT", [440, 900], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
     ]
 
 
@@ -149,8 +148,8 @@ def tiny_demo() -> dict:
         node(4, "Wan22ExpertLoader", [20, 40], {"high_noise_model": "wan2.2_t2v_high_noise_14B_fp16.safetensors",
                                                 "low_noise_model": "wan2.2_t2v_low_noise_14B_fp16.safetensors",
                                                 "weight_dtype": "default"}),
-        node(5, "Wan22Schedule", [20, 260], schedule_widgets("uni_pc", 20, 12.0), {"experts": (4, 0)}),
-        node(6, "Wan22CacheDiT", [20, 540], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
+        node(5, "Wan22Schedule", [20, 300], schedule_widgets("uni_pc", 20, 12.0), {"experts": (4, 0)}),
+        node(6, "Wan22CacheDiT", [20, 660], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
         node(3, "Wan22TextEncode", [440, 40], {"model_folder": TEXT_FOLDER,
                                                "prompt": "a red cat walks in the rain in the city at night, camera pans",
                                                "negative_prompt": "blurry low quality static overexposed text watermark"}),

@@ -1,66 +1,135 @@
-"""A small route on ComfyUI's server: the split of a schedule, made by the same function the schedule node
-uses, so the canvas can show it live as the widgets change."""
+"""Two small routes on ComfyUI's server for the canvas.
+
+- `POST /wan22/split`: the split each schedule node of the graph on screen will run, before anything is
+  queued. The canvas sends the API prompt the frontend itself makes of the graph (subgraphs flattened, every
+  widget value resolved) and the ids of its schedule nodes; the server reads the experts behind each one out
+  of that prompt the way the nodes read it when they run, and counts the split with the schedule node's own
+  function.
+- `GET /wan22/canvas`: what the canvas needs to know of the nodes (the old sampler names a saved workflow may
+  show), so that the frontend restates none of it.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 from server import PromptServer
 
-from . import engine
+import nodes as comfyui_nodes
+
+from . import sigmas
 from .core import diffusers_folder as folders
 from .core import experts as core_experts
+from .core import schedule as core_schedule
 from .core.errors import Wan22InputError
-from .loader_nodes import diffusers_folder_path, inspect_files
+from .core.prompt_graph import EXPERTS_INPUT, class_type, experts_source, is_link, node_inputs, upstream_file
+from .model_files import diffusers_folder_path, inspect_files
+from .types import ExpertsType
 
 ROUTE = "/wan22/split"
+CANVAS_ROUTE = "/wan22/canvas"
+SCHEDULE_INPUTS = ("sampler", "steps", "flow_shift", "scheduler")
 
 
-def bridge_experts(models: dict) -> tuple[bool, bool, float, bool]:
-    """For Wan2.2 Experts from MODEL: which MODEL inputs are connected ({} or the upstream file, None when not),
-    and the boundary of the first upstream file that can be read; False when it was assumed."""
-    connected = {role: models.get(role) is not None for role in core_experts.ROLES}
-    core_experts.require_some_expert(*(models.get(role) for role in core_experts.ROLES), empty="unconnected",
-                                     fix="connect the MODEL of at least one expert")
-    files = {role: (models.get(role) or {}).get("unet_name") for role in core_experts.ROLES}
-    for role, name in files.items():
-        if name and name.endswith(".safetensors"):
-            architecture = inspect_files({role: name})[role]
+def passes_experts(kind: str) -> bool:
+    """Whether a node type takes experts and gives experts back (Cache-DiT, LoRA, ...), read from its schema."""
+    node_class = comfyui_nodes.NODE_CLASS_MAPPINGS.get(kind)
+    if node_class is None or ExpertsType.io_type not in tuple(getattr(node_class, "RETURN_TYPES", ())):
+        return False
+    declared = node_class.INPUT_TYPES()
+    inputs = {**declared.get("required", {}), **declared.get("optional", {})}
+    return inputs.get(EXPERTS_INPUT, (None,))[0] == ExpertsType.io_type
+
+
+def widget_value(inputs: dict, name: str, default=None):
+    value = inputs.get(name, default)
+    if is_link(value):
+        raise Wan22InputError(name, "comes from another node: its value, and so the split, is known when the prompt "
+                                    "runs")
+    return value
+
+
+def bridged_experts(prompt: dict, node_id: str) -> tuple[bool, bool, float, bool]:
+    """Wan2.2 Experts from MODEL: which MODEL inputs are connected, and the boundary of the first file behind
+    them whose header can be read (False when the text-to-video boundary was assumed)."""
+    inputs = node_inputs(prompt, node_id)
+    connected = {role: is_link(inputs.get(name)) for role, name in core_experts.EXPERT_INPUTS.items()}
+    core_experts.require_some_expert(*(True if connected[r] else None for r in core_experts.ROLES),
+                                     empty="unconnected", fix="connect the MODEL of at least one expert")
+    for role, name in core_experts.EXPERT_INPUTS.items():
+        file = upstream_file(prompt, node_id, name) if connected[role] else None
+        if file and file.endswith(".safetensors"):
+            architecture = inspect_files({role: file})[role]
             return connected["high"], connected["low"], core_experts.default_boundary(architecture), True
     return connected["high"], connected["low"], core_experts.DEFAULT_BOUNDARY["t2v"], False
 
 
-def loaded_experts(loader: dict) -> tuple[bool, bool, float, bool]:
-    """(has_high, has_low, model default boundary, whether that boundary was read off the files) of the
-    node that gives the schedule its experts, from its widget values and file headers."""
-    kind, values = loader.get("type"), loader.get("values") or {}
+def loaded_experts(prompt: dict, node_id: str) -> tuple[bool, bool, float, bool]:
+    """(has_high, has_low, model default boundary, whether that boundary was read off the files) of the node
+    that makes the experts, from its inputs in the prompt and the headers of its files."""
+    kind, inputs = class_type(prompt, node_id), node_inputs(prompt, node_id)
     if kind == "Wan22DiffusersExpertLoader":
-        architectures, declared = folders.inspect_folder(diffusers_folder_path(values.get("model_folder", "")),
-                                                         values.get("experts", "both"))
+        folder, which = widget_value(inputs, "model_folder", ""), widget_value(inputs, "experts", "both")
+        architectures, declared = folders.inspect_folder(diffusers_folder_path(folder), which)
         default = core_experts.default_boundary(next(iter(architectures.values())), declared)
         return "high" in architectures, "low" in architectures, default, True
     if kind == "Wan22ExpertLoader":
-        names = {role: values.get(core_experts.EXPERT_INPUTS[role], core_experts.NONE) for role in core_experts.ROLES}
+        names = {role: widget_value(inputs, name, core_experts.NONE)
+                 for role, name in core_experts.EXPERT_INPUTS.items()}
         core_experts.require_some_expert(names["high"], names["low"])
         architectures = inspect_files(names)
         default = core_experts.default_boundary(next(iter(architectures.values())))
         return names["high"] != core_experts.NONE, names["low"] != core_experts.NONE, default, True
     if kind == "Wan22ExpertsFromModel":
-        return bridge_experts(loader.get("models") or {})
+        return bridged_experts(prompt, node_id)
     raise Wan22InputError("experts", "connect the experts input to a Wan2.2 expert loader")
+
+
+def split_of(prompt: dict, node_id: str) -> dict:
+    """What the schedule node `node_id` of the prompt will run."""
+    if class_type(prompt, node_id) != "Wan22Schedule":
+        raise Wan22InputError("nodes", f"{str(node_id)[:40]!r} is not a Wan2.2 Boundary & Flow Shift node of the "
+                                       "prompt")
+    source = experts_source(prompt, node_id, passes_experts)
+    if source is None:
+        raise Wan22InputError("experts", "connect a Wan2.2 expert loader to see the split")
+    has_high, has_low, default, known = loaded_experts(prompt, source)
+    inputs = node_inputs(prompt, node_id)
+    values = {name: widget_value(inputs, name) for name in SCHEDULE_INPUTS}
+    boundary = {"boundary": widget_value(inputs, "boundary"),
+                "boundary_ratio": widget_value(inputs, "boundary.boundary_ratio")}
+    custom = core_schedule.custom_boundary(boundary, widget_value(inputs, "boundary_ratio"))
+    try:
+        steps, flow_shift = int(values["steps"]), float(values["flow_shift"])
+    except (TypeError, ValueError):
+        raise Wan22InputError("steps", "steps and flow_shift must be numbers") from None
+    schedule = sigmas.build_schedule(has_high=has_high, has_low=has_low, model_default=default,
+                                     sampler=values["sampler"], scheduler=values["scheduler"] or "simple",
+                                     steps=steps, flow_shift=flow_shift, custom_ratio=custom)
+    return {"high": schedule.high_steps, "low": schedule.low_steps, "boundary_ratio": schedule.boundary.ratio,
+            "boundary_source": schedule.boundary.source, "boundary_known": known, "summary": schedule.summary()}
 
 
 @PromptServer.instance.routes.post(ROUTE)
 async def split(request: web.Request) -> web.Response:
     try:
         body = await request.json()
-        has_high, has_low, default, known = loaded_experts(body.get("loader") or {})
-        custom = float(body["boundary_ratio"]) if body.get("boundary") == "custom" else None
-        schedule = engine.build_schedule(has_high=has_high, has_low=has_low, model_default=default,
-                                         sampler=body.get("sampler"), scheduler=body.get("scheduler", "simple"),
-                                         steps=int(body["steps"]), flow_shift=float(body["flow_shift"]),
-                                         custom_ratio=custom)
-    except (Wan22InputError, KeyError, TypeError, ValueError) as e:
-        return web.json_response({"error": str(e)}, status=400)
-    return web.json_response({"high": schedule.high_steps, "low": schedule.low_steps,
-                              "boundary_ratio": schedule.boundary.ratio, "boundary_source": schedule.boundary.source,
-                              "boundary_known": known, "summary": schedule.summary()})
+    except ValueError:
+        return web.json_response({"error": "the body is not JSON"}, status=400)
+    prompt, ids = (body.get("prompt"), body.get("nodes")) if isinstance(body, dict) else (None, None)
+    if not isinstance(prompt, dict):
+        return web.json_response({"error": "prompt: give the API prompt of the graph (app.graphToPrompt)"}, status=400)
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        return web.json_response({"error": "nodes: give the ids of the schedule nodes as strings"}, status=400)
+    splits = {}
+    for node_id in ids:
+        try:
+            splits[node_id] = split_of(prompt, node_id)
+        except (Wan22InputError, KeyError, TypeError, ValueError) as e:
+            splits[node_id] = {"error": str(e), "input": getattr(e, "input_name", None)}
+    return web.json_response({"splits": splits})
+
+
+@PromptServer.instance.routes.get(CANVAS_ROUTE)
+async def canvas(_request: web.Request) -> web.Response:
+    return web.json_response({"old_samplers": {old: new for old, new in core_schedule.OLD_SAMPLERS.items()
+                                               if old != new}})

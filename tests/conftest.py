@@ -105,15 +105,62 @@ def comfyui(tmp_path_factory, tiny_models):
     return harness
 
 
+def tiny_models_server_base(tmp_path_factory, tiny_models, name: str) -> str:
+    base = tmp_path_factory.mktemp(name)
+    os.symlink(tiny_models["dir"], base / "models")
+    return str(base)
+
+
 @pytest.fixture(scope="session")
-def standin_server(tmp_path_factory):
-    """A real ComfyUI server with tiny stand-ins for every file the shipped workflows name."""
+def tiny_models_server(tmp_path_factory, tiny_models):
+    """A real ComfyUI server on the tiny models (broken files included): the HTTP tests share it."""
     from devtools.comfy_server import ComfyServer
+
+    with ComfyServer(tiny_models_server_base(tmp_path_factory, tiny_models, "tiny_models_server")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def fresh_tiny_models_server(tmp_path_factory, tiny_models):
+    """Another one, where no prompt is ever interrupted: what a fresh server gives, for comparison."""
+    from devtools.comfy_server import ComfyServer
+
+    with ComfyServer(tiny_models_server_base(tmp_path_factory, tiny_models, "fresh_server")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def standin_base(tmp_path_factory):
+    """A ComfyUI base directory with tiny stand-ins for every file the shipped workflows name."""
     from devtools.standins import write_standins
 
     base = tmp_path_factory.mktemp("standin_base")
     write_standins(str(base / "models"), str(base / "input"))
-    with ComfyServer(str(base)) as running:
+    return base
+
+
+@pytest.fixture(scope="session")
+def standin_server(standin_base):
+    """A real ComfyUI server on the stand-ins, serving the frontend ComfyUI 0.30.0 pins."""
+    from devtools.comfy_server import ComfyServer
+
+    with ComfyServer(str(standin_base)) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def newest_frontend_server(standin_base, tmp_path_factory):
+    """The same, serving the newest frontend on the package registry (devtools/frontends.txt)."""
+    from devtools.comfy_server import ComfyServer
+    from devtools.paths import newest_frontend
+
+    version, root = newest_frontend()
+    if not os.path.isfile(os.path.join(root, "index.html")):
+        raise RuntimeError(f"frontend {version} is missing from {root}: run `make setup`")
+    base = tmp_path_factory.mktemp("newest_frontend_base")
+    for shared in ("models", "input"):
+        os.symlink(standin_base / shared, base / shared)
+    with ComfyServer(str(base), extra_args=("--front-end-root", root)) as running:
         yield running
 
 

@@ -1,27 +1,74 @@
-"""What the browser tests do on the canvas: load a workflow, read a node, wait for the page."""
+"""What the browser tests do on the canvas, through the frontend's public graph calls: load a workflow, read a
+node (in the root graph or inside a subgraph), change a widget as the canvas does, wait for the page."""
 
+import json
 import time
+
+# A node of the graph on screen by type, searched through every subgraph: `node` in the expression.
+FIND = """
+const find = (type) => {
+  const graphs = [app.rootGraph ?? app.graph, ...((app.rootGraph ?? app.graph).subgraphs?.values() ?? [])];
+  for (const graph of graphs) for (const node of graph.nodes) if (node.type === type) return node;
+  return null;
+};
+"""
+STATUS = "node.widgets.find(w => w.name === 'wan22_status').element.textContent"
 
 
 def load(page, workflow):
+    """Loads a workflow as a dropped file is loaded; the canvas then asks for its splits."""
     page.evaluate("async (wf) => { await app.loadGraphData(wf); }", workflow)
-    page.wait_for_timeout(500)
 
 
 def node_of(page, node_type, expression):
-    return page.evaluate(f"() => {{ const node = app.graph._nodes.find(n => n.type === '{node_type}'); "
-                         f"return {expression}; }}")
+    return page.evaluate(f"() => {{ {FIND} const node = find({json.dumps(node_type)}); return {expression}; }}")
+
+
+def status_of(page, node_type):
+    """The text the pack's status widget shows on a node (the live split, what the last run did)."""
+    return node_of(page, node_type, STATUS)
+
+
+def set_widget(page, node_type, name, value):
+    """Sets a widget as the canvas does when a user changes it (the node's callbacks run)."""
+    page.evaluate(f"""(value) => {{ {FIND}
+        const node = find({json.dumps(node_type)});
+        node.widgets.find(w => w.name === {json.dumps(name)}).setValue(value, {{ node, canvas: app.canvas }});
+    }}""", value)
 
 
 def wait_for(page, expression, timeout=300.0):
-    """Polls a JavaScript expression until it is truthy; the timeout only guards against a hang."""
+    """Polls a JavaScript expression (with `find(type)` at hand) until it is truthy; the timeout only guards
+    against a hang."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = page.evaluate(f"() => {expression}")
+        value = page.evaluate(f"() => {{ {FIND} return {expression}; }}")
         if value:
             return value
         page.wait_for_timeout(100)
     raise TimeoutError(f"{expression} stayed false for {timeout} s")
+
+
+def wait_until(page, condition, timeout=300.0):
+    """Waits until a Python-side condition holds (a request reached the test, the queue emptied), letting the
+    page run meanwhile; the timeout only guards against a hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{condition} stayed false for {timeout} s")
+        page.wait_for_timeout(50)
+
+
+def wait_for_status(page, node_type, fragment, timeout=300.0):
+    """Waits until the node's status text contains `fragment`; returns the text."""
+    return wait_for(page, f"(t => t.includes({json.dumps(fragment)}) && t)"
+                          f"(find({json.dumps(node_type)})?.widgets.find(w => w.name === 'wan22_status')"
+                          f"?.element.textContent ?? '')", timeout)
+
+
+def replies_handled(page) -> int:
+    """How many replies of the live-split route the canvas has handled so far (applied, or dropped as stale)."""
+    return page.evaluate("() => window.wan22Canvas.handled")
 
 
 def frontend_prompt(page):

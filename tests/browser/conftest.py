@@ -1,16 +1,22 @@
-"""One real ComfyUI frontend for the browser tests: Debian's Chromium driven by Playwright against a real
-server with tiny stand-ins for every file the shipped workflows name."""
+"""The real ComfyUI frontend for the browser tests: Debian's Chromium driven by Playwright against real servers
+with tiny stand-ins for every file the shipped workflows name, once on the frontend ComfyUI 0.30.0 pins and
+once on the newest one on the package registry."""
 
 import pytest
 
 from devtools.browser import browser, open_comfyui
 
-from .canvas import wait_for
+FRONTENDS = {"pinned": "standin_server", "newest": "newest_frontend_server"}
+
+
+@pytest.fixture(scope="session", params=list(FRONTENDS))
+def frontend(request):
+    return request.param
 
 
 @pytest.fixture(scope="session")
-def server(standin_server):
-    return standin_server
+def server(request, frontend):
+    return request.getfixturevalue(FRONTENDS[frontend])
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +24,4 @@ def page(server):
     """A page per test module: Playwright's sync API holds an event loop while it runs, and ComfyUI's
     in-process harness needs the thread's loop free once the browser tests are done."""
     with browser() as instance:
-        page = open_comfyui(instance, server.url)
-        # The frontend loads its default workflow just after start-up: wait for it, so that it cannot land
-        # over a test's own workflow later.
-        wait_for(page, "app.graph._nodes.length > 0")
-        page.wait_for_timeout(500)
-        yield page
+        yield open_comfyui(instance, server.url, settings={"Comfy.VueNodes.Enabled": False})

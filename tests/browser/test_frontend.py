@@ -1,9 +1,8 @@
-"""The pack in the real ComfyUI frontend: the shipped workflows load whole and queue, the canvas shows the
-split live, old workflows load and run."""
+"""The pack in the real ComfyUI frontend's classic canvas: the shipped workflows load whole and queue, the canvas
+shows the split live, old workflows load with their values in place and run."""
 
 import json
 import os
-import time
 
 import pytest
 
@@ -11,14 +10,21 @@ from devtools.browser import FIT_GRAPH_JS
 from devtools.paths import ROOT
 from devtools.workflow_specs import WORKFLOWS
 
-from .canvas import frontend_prompt, load, node_of, wait_for
+from .canvas import (frontend_prompt, load, node_of, replies_handled, set_widget, status_of, wait_for, wait_for_status,
+                     wait_until)
 
 EXAMPLES = os.path.join(ROOT, "example_workflows")
 ARTIFACTS = os.path.join(ROOT, ".test-artifacts")
+SAVED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saved")
 
 
 def shipped(name, api=False):
     with open(os.path.join(EXAMPLES, "api" if api else "", f"{name}.json")) as f:
+        return json.load(f)
+
+
+def saved(name):
+    with open(os.path.join(SAVED, name)) as f:
         return json.load(f)
 
 
@@ -37,8 +43,9 @@ def test_each_shipped_workflow_loads_whole_and_the_frontends_prompt_passes_valid
     load(page, workflow)
     state = page.evaluate("""() => ({
         registered: Object.keys(LiteGraph.registered_node_types),
-        nodes: app.graph._nodes.map(n => [n.id, n.type]),
-        links: Object.values(app.graph.links ?? {}).map(l => [l.id, l.origin_id, l.origin_slot, l.target_id, l.target_slot].map(Number)),
+        nodes: app.graph.nodes.map(n => [n.id, n.type]),
+        links: [...app.graph.links.values()].map(l => [l.id, l.origin_id, l.origin_slot, l.target_id, l.target_slot]
+                                                       .map(Number)),
     })""")
     types = {n["type"] for n in workflow["nodes"]}
     assert types <= set(state["registered"]), types - set(state["registered"])  # no missing node types
@@ -60,133 +67,158 @@ def test_each_shipped_workflow_loads_whole_and_the_frontends_prompt_passes_valid
 def test_changing_flow_shift_updates_the_split_without_queueing(page, server):
     load(page, shipped("wan22_t2v_a14b_cachedit"))
     history_before = server.get("/history")
-    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Split")
-    assert node_of(page, "Wan22Schedule", "node.wan22Preview").startswith("will run: 26 high / 14 low")
+    assert wait_for_status(page, "Wan22Schedule", "will run:").startswith("will run: 26 high / 14 low")
     for value, expected in ((5.0, "18 high / 22 low"), (12.0, "26 high / 14 low"), (5.0, "18 high / 22 low")):
-        page.evaluate("""(value) => {
-            const node = app.graph._nodes.find(n => n.type === 'Wan22Schedule');
-            const widget = node.widgets.find(w => w.name === 'flow_shift');
-            widget.setValue(value, { node, canvas: app.canvas });
-        }""", value)
-        wait_for(page, f"app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Preview?.includes('{expected}')")
+        set_widget(page, "Wan22Schedule", "flow_shift", value)
+        wait_for_status(page, "Wan22Schedule", expected)
     assert server.get("/queue") == {"queue_running": [], "queue_pending": []}
     assert server.get("/history") == history_before
 
 
 def test_the_lightx2v_workflow_shows_its_two_and_two_split_through_the_native_loaders(page):
     """The schedule's experts come from Load Diffusion Model through LoraLoaderModelOnly and the MODEL bridge:
-    the live split finds the files behind them."""
+    the server reads the files behind them out of the frontend's own prompt."""
     load(page, shipped("wan22_t2v_a14b_lightx2v_4steps"))
-    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Split")
-    assert node_of(page, "Wan22Schedule", "node.wan22Preview") == "will run: 2 high / 2 low (boundary 0.875, model default)"
+    assert wait_for_status(page, "Wan22Schedule", "will run:") == \
+        "will run: 2 high / 2 low (boundary 0.875, model default)"
     page.evaluate("""() => {  // unplug the low-noise expert: every step then runs on the high-noise one
-        const bridge = app.graph._nodes.find(n => n.type === 'Wan22ExpertsFromModel');
+        const bridge = app.graph.nodes.find(n => n.type === 'Wan22ExpertsFromModel');
         bridge.disconnectInput(bridge.findInputSlot('low_noise_model'));
     }""")
-    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Preview?.startsWith('will run: 4 high / 0 low')")
+    wait_for_status(page, "Wan22Schedule", "will run: 4 high / 0 low")
 
 
-def test_a_reply_in_flight_never_overwrites_the_connect_a_loader_message(page):
+def test_a_reply_in_flight_never_overwrites_a_newer_one(page):
     load(page, shipped("wan22_t2v_a14b_cachedit"))
-    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Split")
+    wait_for_status(page, "Wan22Schedule", "will run: 26 high / 14 low")
     held = []
     page.route("**/wan22/split", lambda route: held.append(route))  # answered only when the test lets it
+
+    def requests_held(n):  # each past the canvas's debounce, on its way
+        wait_until(page, lambda: len(held) >= n)
+
     try:
-        page.evaluate("""() => {
-            const node = app.graph._nodes.find(n => n.type === 'Wan22Schedule');
-            node.widgets.find(w => w.name === 'steps').setValue(30, { node, canvas: app.canvas });
-        }""")
-        deadline = time.monotonic() + 300  # past the canvas's debounce, the request is on its way
-        while not held and time.monotonic() < deadline:
-            page.wait_for_timeout(50)
-        assert len(held) == 1
-        page.evaluate("""() => {
-            const node = app.graph._nodes.find(n => n.type === 'Wan22Schedule');
-            node.disconnectInput(node.findInputSlot('experts'));
-        }""")
-        wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Preview?.startsWith('connect')")
-        with page.expect_response("**/wan22/split"):
-            held[0].continue_()  # the reply to the request made while the loader was still connected
-        page.wait_for_timeout(300)  # the page reads the reply
+        set_widget(page, "Wan22Schedule", "steps", 30)
+        requests_held(1)
+        set_widget(page, "Wan22Schedule", "steps", 10)
+        requests_held(2)
+        before = replies_handled(page)
+        held[1].continue_()  # the newer question's answer arrives first ...
+        wait_for_status(page, "Wan22Schedule", "will run: 7 high / 3 low")
+        held[0].continue_()  # ... then the stale one, for 30 steps
+        wait_for(page, f"window.wan22Canvas.handled >= {before + 2}")  # the page has read it too
     finally:
         page.unroute("**/wan22/split")
-    assert node_of(page, "Wan22Schedule", "node.wan22Preview") == "connect a Wan2.2 expert loader to see the split"
+    assert len(held) == 2 and status_of(page, "Wan22Schedule").startswith("will run: 7 high / 3 low")
 
 
-def test_boundary_ratio_is_shown_only_when_the_boundary_is_custom(page):
+def test_the_boundary_ratio_is_an_input_of_the_custom_boundary_only(page):
     load(page, shipped("wan22_t2v_a14b_cachedit"))
-    hidden = "node.widgets.find(w => w.name === 'boundary_ratio').hidden"
-    assert node_of(page, "Wan22Schedule", hidden) is True
-    for mode, expect_hidden, split in (("custom", False, "(boundary 0.875, custom)"), ("auto", True, "model default")):
-        page.evaluate("""(mode) => {
-            const node = app.graph._nodes.find(n => n.type === 'Wan22Schedule');
-            node.widgets.find(w => w.name === 'boundary').setValue(mode, { node, canvas: app.canvas });
-        }""", mode)
-        assert node_of(page, "Wan22Schedule", hidden) is expect_hidden
-        wait_for(page, f"app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Preview?.includes('{split}')")
+    ratio = "node.widgets.some(w => w.name === 'boundary.boundary_ratio')"
+    assert node_of(page, "Wan22Schedule", ratio) is False
+    for mode, shown, split in (("custom", True, "(boundary 0.875, custom)"), ("auto", False, "model default")):
+        set_widget(page, "Wan22Schedule", "boundary", mode)
+        assert node_of(page, "Wan22Schedule", ratio) is shown
+        wait_for_status(page, "Wan22Schedule", split)
+    set_widget(page, "Wan22Schedule", "boundary", "custom")
+    set_widget(page, "Wan22Schedule", "boundary.boundary_ratio", 0.95)
+    wait_for_status(page, "Wan22Schedule", "will run: 16 high / 24 low (boundary 0.95, custom)")
+    inputs = frontend_prompt(page)["5"]["inputs"]
+    assert (inputs["boundary"], inputs["boundary.boundary_ratio"]) == ("custom", 0.95)
+
+
+def widget_values(page, node_type="Wan22Schedule"):
+    return node_of(page, node_type, "Object.fromEntries(node.widgets.filter(w => w.serialize !== false)"
+                                    ".map(w => [w.name, w.value]))")
+
+
+@pytest.mark.parametrize("boundary,values", [
+    ("auto", {"boundary": "auto", "scheduler": "simple"}),
+    ("custom", {"boundary": "custom", "boundary.boundary_ratio": 0.9, "scheduler": "beta"}),
+])
+def test_a_workflow_saved_by_version_0_2_0_loads_with_its_values_in_place(page, server, boundary, values):
+    """0.2.0 saved boundary_ratio after boundary whatever the mode; now it is there for custom only."""
+    workflow = saved("wan22_tiny_demo_0.2.0.json")
+    schedule = next(n for n in workflow["nodes"] if n["type"] == "Wan22Schedule")
+    assert schedule["widgets_values"] == ["uni_pc", 20, 12, "auto", 0.875, "simple"]
+    if boundary == "custom":
+        schedule["widgets_values"] = ["uni_pc", 20, 12, "custom", 0.9, "beta"]
+    load(page, workflow)
+    assert widget_values(page) == {"sampler": "uni_pc", "steps": 20, "flow_shift": 12, **values}
+    wait_for_status(page, "Wan22Schedule", "will run:")
+    prompt = frontend_prompt(page)
+    if boundary == "auto":  # the same prompt as the demo the pack ships now
+        assert prompt["5"]["inputs"] == shipped("wan22_tiny_demo", api=True)["5"]["inputs"]
+    status, body = server.queue(prompt)
+    assert status == 200 and body.get("node_errors") == {}, body
+    server.wait(body["prompt_id"], timeout=1200)
+
+
+def test_a_saved_custom_boundary_keeps_every_value_when_the_workflow_is_opened_again(page):
+    """The newest frontend hands a node only as many saved values as it has widgets before its dynamic inputs
+    expand; the schedule node takes the rest back from the workflow."""
+    load(page, shipped("wan22_tiny_demo"))
+    for name, value in (("boundary", "custom"), ("boundary.boundary_ratio", 0.8), ("scheduler", "beta")):
+        set_widget(page, "Wan22Schedule", name, value)
+    workflow = json.loads(page.evaluate("() => JSON.stringify(app.graph.serialize())"))  # as a save writes it
+    load(page, {"nodes": [], "links": [], "version": 0.4})
+    load(page, workflow)
+    assert widget_values(page) == {"sampler": "uni_pc", "steps": 20, "flow_shift": 12, "boundary": "custom",
+                                   "boundary.boundary_ratio": 0.8, "scheduler": "beta"}
 
 
 def test_the_frontend_refuses_our_experts_into_a_native_model_input(page):
     load(page, shipped("wan22_t2v_a14b_cachedit"))
     result = page.evaluate("""() => {
-        const loader = app.graph._nodes.find(n => n.type === 'Wan22ExpertLoader');
+        const loader = app.graph.nodes.find(n => n.type === 'Wan22ExpertLoader');
         const ksampler = LiteGraph.createNode('KSampler');
         app.graph.add(ksampler);
-        const before = Object.keys(app.graph.links ?? {}).length;
+        const before = app.graph.links.size;
         const link = loader.connect(0, ksampler, ksampler.findInputSlot('model'));
         return { link: link ?? null, modelLink: ksampler.inputs.find(i => i.name === 'model').link ?? null,
-                 added: Object.keys(app.graph.links ?? {}).length - before,
-                 colour: LGraphCanvas.link_type_colors.WAN22_EXPERTS };
+                 added: app.graph.links.size - before, colour: LGraphCanvas.link_type_colors.WAN22_EXPERTS };
     }""")
     assert result["link"] is None and result["modelLink"] is None and result["added"] == 0
     assert result["colour"] == "#b06ad9"
 
 
-def test_the_demo_queued_from_the_page_shows_the_split_and_the_savings(page, server):
+def test_the_demo_queued_from_the_page_shows_the_split_and_the_savings(page, server, frontend):
     load(page, shipped("wan22_tiny_demo"))
     # A seed of its own, so that no earlier test's run of this graph is served from ComfyUI's cache.
-    page.evaluate("""() => {
-        const node = app.graph._nodes.find(n => n.type === 'Wan22TwoStageSampler');
-        node.widgets.find(w => w.name === 'seed').setValue(20261130, { node, canvas: app.canvas });
-    }""")
+    set_widget(page, "Wan22TwoStageSampler", "seed", 20261130 + (frontend == "newest"))
     page.get_by_role("button", name="Run", exact=True).first.click()  # as a person queues it
-    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22TwoStageSampler').wan22Report", timeout=600)
-    sampler = node_of(page, "Wan22TwoStageSampler", "[node.wan22Result, node.wan22Report]")
-    text, report = sampler
+    wait_for(page, "find('Wan22TwoStageSampler').wan22Report", timeout=600)
+    text, report = node_of(page, "Wan22TwoStageSampler",
+                           "[node.widgets.find(w => w.name === 'wan22_status').element.textContent, node.wan22Report]")
     assert text.startswith("14 high / 6 low steps (uni_pc/simple)")
     assert "cache high:" in text and "cache low:" in text and "% saved" in text
     assert report["split"] == {"high": 14, "low": 6} and report["cache"]["high"]["cached_steps"]
-    assert node_of(page, "Wan22Schedule", "node.wan22Preview").startswith("will run: 14 high / 6 low")
-    deadline = time.monotonic() + 120
-    while server.get("/queue")["queue_running"] and time.monotonic() < deadline:
-        page.wait_for_timeout(200)
+    assert status_of(page, "Wan22Schedule").startswith("will run: 14 high / 6 low")
+    used = status_of(page, "Wan22CacheDiT")  # the CFG passes each stage really ran with
+    assert f"last run: high {report['cache']['high']['config']} (positive + negative in one call)" in used
+    assert report["cache"]["high"]["config"].endswith("_CFG0")
+    wait_until(page, lambda: not server.get("/queue")["queue_running"])
     page.evaluate(FIT_GRAPH_JS, [60, 90])  # past the side bar, the tabs and the queue panel
     os.makedirs(ARTIFACTS, exist_ok=True)
-    shot = os.path.join(ARTIFACTS, "demo_run.png")
+    shot = os.path.join(ARTIFACTS, f"demo_run_{frontend}.png")
     page.screenshot(path=shot)
     assert os.path.getsize(shot) > 20_000
     print(f"screenshot of the finished demo run: {shot}")
 
 
-SAVED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saved")
-
-
 @pytest.mark.parametrize("old,new", [("unipc", "uni_pc"), ("dpmpp", "dpmpp_2m")])
-def test_a_workflow_saved_with_an_old_sampler_name_loads_and_runs(page, server, old, new):
-    """The demo workflow as version 0.1.0 saved it: no scheduler widget yet, diffusers' sampler names."""
-    with open(os.path.join(SAVED, "wan22_tiny_demo_0.1.0.json")) as f:
-        workflow = json.load(f)
+def test_a_workflow_saved_with_an_old_sampler_name_loads_and_runs(page, server, frontend, old, new):
+    """The demo workflow as version 0.1.0 saved it: no scheduler widget yet, diffusers' sampler names (the
+    canvas learns them from the server)."""
+    workflow = saved("wan22_tiny_demo_0.1.0.json")
     schedule = next(n for n in workflow["nodes"] if n["type"] == "Wan22Schedule")
     schedule["widgets_values"][0] = old
     load(page, workflow)
-    assert node_of(page, "Wan22Schedule", "Object.fromEntries(node.widgets.map(w => [w.name, w.value]))") == {
-        "sampler": new, "steps": 20, "flow_shift": 12, "boundary": "auto", "boundary_ratio": 0.875,
-        "scheduler": "simple"}
-    wait_for(page, "app.graph._nodes.find(n => n.type === 'Wan22Schedule').wan22Split")
-    page.evaluate(f"""() => {{  // a seed of its own, so that no earlier run of this graph is served from the cache
-        const node = app.graph._nodes.find(n => n.type === 'Wan22TwoStageSampler');
-        node.widgets.find(w => w.name === 'seed').setValue({7000 + len(old)}, {{ node, canvas: app.canvas }});
-    }}""")
+    assert widget_values(page) == {"sampler": new, "steps": 20, "flow_shift": 12, "boundary": "auto",
+                                   "scheduler": "simple"}
+    wait_for_status(page, "Wan22Schedule", "will run:")
+    # a seed of its own, so that no earlier run of this graph is served from the cache
+    set_widget(page, "Wan22TwoStageSampler", "seed", 7000 + len(old) + 10 * (frontend == "newest"))
     status, body = server.queue(frontend_prompt(page))
     assert status == 200 and body.get("node_errors") == {}, body
     entry = server.wait(body["prompt_id"], timeout=1200)

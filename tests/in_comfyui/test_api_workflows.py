@@ -102,6 +102,7 @@ def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_t
 AS_SHIPPED = {"wan22_t2v_a14b_lightx2v_4steps": {"high": 2, "low": 2}, "wan22_low_noise_t2i": {"high": 0, "low": 30}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(AS_SHIPPED))
 def test_the_workflows_cheap_enough_here_finish_as_shipped(native_server, name):
     """Unchanged API files: the 4-step LightX2V video (640x640, 81 frames) and the one-frame low-noise

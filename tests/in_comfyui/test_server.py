@@ -2,19 +2,12 @@
 
 import pytest
 
-from .prompts import loader, schedule_prompt
+from .prompts import (bridged, cache_node, diffusers_loader, expert_files, loader, lora_node, schedule, schedule_prompt)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_models):
-    import os
-
-    from devtools.comfy_server import ComfyServer
-
-    base = tmp_path_factory.mktemp("server_base")
-    os.symlink(tiny_models["dir"], base / "models")
-    with ComfyServer(str(base)) as running:
-        yield running
+def server(tiny_models_server):
+    return tiny_models_server
 
 
 def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(server):
@@ -25,8 +18,11 @@ def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(server
     assert "none" in loader_info["input"]["required"]["high_noise_model"][1]["options"]
     assert list(info["Wan22DiffusersExpertLoader"]["input"]["required"]) == ["model_folder", "experts", "weight_dtype"]
     sched = info["Wan22Schedule"]
-    assert list(sched["input"]["required"]) == ["experts", "sampler", "steps", "flow_shift", "boundary",
-                                                "boundary_ratio"]
+    assert list(sched["input"]["required"]) == ["experts", "sampler", "steps", "flow_shift", "boundary"]
+    boundary = sched["input"]["required"]["boundary"]
+    assert boundary[0] == "COMFY_DYNAMICCOMBO_V3" and [o["key"] for o in boundary[1]["options"]] == ["auto", "custom"]
+    (ratio,) = boundary[1]["options"][1]["inputs"]["optional"].items()
+    assert ratio[0] == "boundary_ratio" and (ratio[1][1]["min"], ratio[1][1]["max"]) == (0.0, 1.0)
     assert list(sched["input"]["optional"]) == ["scheduler"]  # added after the existing inputs
     assert sched["output"] == ["WAN22_SCHEDULE", "INT", "INT", "SIGMAS", "SIGMAS"]
     assert sched["output_name"] == ["schedule", "high_steps", "low_steps", "sigmas_high", "sigmas_low"]
@@ -62,49 +58,74 @@ def test_an_invalid_prompt_is_refused_at_queue_time_with_the_input_named(server,
     assert status == 400 and "load at least one expert" in body["node_errors"]["1"]["errors"][0]["details"]
 
 
-def split_request(server, loader_type, values, **schedule):
-    loader = {"type": loader_type, "models" if loader_type == "Wan22ExpertsFromModel" else "values": values}
-    body = {"loader": loader, "sampler": "euler", "scheduler": "simple", "steps": 40, "flow_shift": 12.0,
-            "boundary": "auto", "boundary_ratio": 0.875, **schedule}
-    return server.post("/wan22/split", body)
+def split_request(server, experts, **schedule_inputs):
+    """The canvas's question for one schedule node ("2") fed by `experts` (the node(s) giving "1"): the API
+    prompt the frontend makes of the graph, and the ids of the schedule nodes to answer for."""
+    nodes = experts if "1" in experts else {"1": experts}
+    prompt = {**nodes, "2": schedule("1", **{"sampler": "euler", "flow_shift": 12.0, **schedule_inputs})}
+    status, body = server.post("/wan22/split", {"prompt": prompt, "nodes": ["2"]})
+    assert status == 200, body
+    return body["splits"]["2"]
 
 
 def test_the_live_split_route_answers_with_the_nodes_own_split(server, tiny_models):
     names = tiny_models["names"]
-    both = {"high_noise_model": names[("t2v", "high", "fp16")], "low_noise_model": names[("t2v", "low", "fp16")]}
-    assert split_request(server, "Wan22ExpertLoader", both, flow_shift=5.0)[1]["high"] == 17
-    status, answer = split_request(server, "Wan22ExpertLoader", both, flow_shift=12.0)
-    assert status == 200 and (answer["high"], answer["low"]) == (26, 14)
+    high, low = expert_files(tiny_models)
+    assert split_request(server, loader(high, low), flow_shift=5.0)["high"] == 17
+    answer = split_request(server, loader(high, low), flow_shift=12.0)
+    assert (answer["high"], answer["low"]) == (26, 14)
     assert answer["summary"] == "euler/simple, 40 steps, shift 12, boundary 0.875 (model_default): 26 high / 14 low"
-    status, answer = split_request(server, "Wan22ExpertLoader", both, sampler="unipc", flow_shift=5.0)
+    answer = split_request(server, loader(high, low), sampler="unipc", flow_shift=5.0)
     assert answer["summary"].startswith("uni_pc/simple") and answer["high"] == 18  # an old name, as the node runs it
-    i2v = {"high_noise_model": names[("i2v", "high", "fp8_scaled")], "low_noise_model": names[("i2v", "low", "fp16")]}
-    assert split_request(server, "Wan22ExpertLoader", i2v, flow_shift=5.0)[1]["boundary_ratio"] == 0.9
-    # The MODEL bridge: which inputs are connected, and the file behind them when the canvas finds one.
-    bridged = {"high": {"unet_name": names[("i2v", "high", "fp16")]}, "low": {}}
-    status, answer = split_request(server, "Wan22ExpertsFromModel", bridged, flow_shift=5.0)
-    assert (status, answer["boundary_ratio"], answer["boundary_known"]) == (200, 0.9, True)
-    status, answer = split_request(server, "Wan22ExpertsFromModel", {"high": {}, "low": {}}, flow_shift=12.0)
-    assert (answer["high"], answer["boundary_ratio"], answer["boundary_known"]) == (26, 0.875, False)
-    status, answer = split_request(server, "Wan22ExpertsFromModel", {"high": None, "low": {}})
-    assert (answer["high"], answer["low"], answer["boundary_source"]) == (0, 40, "low_noise_only")
-    low_only = {"high_noise_model": "none", "low_noise_model": names[("t2v", "low", "fp16")]}
-    status, answer = split_request(server, "Wan22ExpertLoader", low_only, sampler="euler")
-    assert (answer["high"], answer["low"], answer["boundary_source"]) == (0, 40, "low_noise_only")
-    folder = {"model_folder": names[("i2v", "diffusers")], "experts": "both"}
-    status, answer = split_request(server, "Wan22DiffusersExpertLoader", folder, boundary="custom", boundary_ratio=0.8)
+    i2v = loader(names[("i2v", "high", "fp8_scaled")], names[("i2v", "low", "fp16")])
+    assert split_request(server, i2v, flow_shift=5.0)["boundary_ratio"] == 0.9
+    low_only = split_request(server, loader(low=low))
+    assert (low_only["high"], low_only["low"], low_only["boundary_source"]) == (0, 40, "low_noise_only")
+    folder = diffusers_loader(names[("i2v", "diffusers")])
+    answer = split_request(server, folder, boundary="custom", boundary_ratio=0.8)
     assert answer["boundary_source"] == "custom" and answer["boundary_ratio"] == 0.8
 
 
+def test_the_live_split_route_reads_the_bridges_files_and_passes_through_the_packs_nodes(server, tiny_models):
+    names = tiny_models["names"]
+    i2v_high = names[("i2v", "high", "fp16")]
+    lora = {"high": (tiny_models["loras"]["high"], 1.0)}
+    # The bridge: which MODEL inputs are connected, and the file behind them through a native LoRA loader.
+    answer = split_request(server, bridged(high=i2v_high, loras=lora), flow_shift=5.0)
+    assert (answer["high"], answer["low"], answer["boundary_ratio"], answer["boundary_known"]) == (40, 0, None, True)
+    experts = bridged(high=i2v_high, low=names[("i2v", "low", "fp16")], loras=lora)
+    answer = split_request(server, experts, flow_shift=5.0)
+    assert (answer["boundary_ratio"], answer["boundary_known"]) == (0.9, True)
+    # A MODEL whose file the prompt does not show: the text-to-video boundary, said to be assumed.
+    unknown = {"1": {"class_type": "Wan22ExpertsFromModel",
+                     "inputs": {"high_noise_model": ["99", 0], "low_noise_model": ["98", 0]}}}
+    answer = split_request(server, unknown)
+    assert (answer["high"], answer["boundary_ratio"], answer["boundary_known"]) == (26, 0.875, False)
+    # Cache-DiT and LoRA nodes between the loader and the schedule give the experts through.
+    chain = {"10": loader(*expert_files(tiny_models)), "11": lora_node("10"), "1": cache_node("11")}
+    assert split_request(server, chain)["high"] == 26
+
+
 def test_the_live_split_route_explains_what_is_wrong(server, tiny_models):
-    status, answer = split_request(server, "Wan22ExpertLoader", {"high_noise_model": "none", "low_noise_model": "none"})
-    assert status == 400 and "load at least one expert" in answer["error"]
-    low = {"high_noise_model": "none", "low_noise_model": tiny_models["names"][("t2v", "low", "fp16")]}
-    status, answer = split_request(server, "Wan22ExpertLoader", low, flow_shift=-1.0)
-    assert status == 400 and answer["error"].startswith("flow_shift:")
-    status, answer = split_request(server, "KSampler", {})
-    assert status == 400 and "connect the experts input to a Wan2.2 expert loader" in answer["error"]
-    status, answer = split_request(server, "Wan22ExpertsFromModel", {"high": None, "low": None})
-    assert status == 400 and "connect the MODEL of at least one expert" in answer["error"]
-    status, answer = split_request(server, "Wan22ExpertLoader", low, scheduler="cosine")
-    assert status == 400 and answer["error"].startswith("scheduler: unknown scheduler 'cosine'")
+    low = expert_files(tiny_models)[1]
+    assert "load at least one expert" in split_request(server, loader())["error"]
+    assert split_request(server, loader(low=low), flow_shift=-1.0)["error"].startswith("flow_shift:")
+    ksampler = {"class_type": "KSampler", "inputs": {}}
+    assert "connect the experts input to a Wan2.2 expert loader" in split_request(server, ksampler)["error"]
+    bridge = {"class_type": "Wan22ExpertsFromModel", "inputs": {}}
+    assert "connect the MODEL of at least one expert" in split_request(server, bridge)["error"]
+    answer = split_request(server, loader(low=low), scheduler="cosine")
+    assert answer["error"].startswith("scheduler: unknown scheduler 'cosine'") and answer["input"] == "scheduler"
+    status, body = server.post("/wan22/split", {"prompt": {"2": schedule("1")}, "nodes": ["2", "3"]})
+    assert status == 200 and body["splits"]["2"]["error"] == "experts: connect a Wan2.2 expert loader to see the split"
+    assert "is not a Wan2.2 Boundary & Flow Shift node" in body["splits"]["3"]["error"]
+    linked = split_request(server, {"1": loader(low=low), "7": {"class_type": "PrimitiveInt", "inputs": {"value": 9}}},
+                           steps=["7", 0])
+    assert linked["error"].startswith("steps: comes from another node")
+    for body in ({"nodes": ["2"]}, {"prompt": {}, "nodes": "2"}, [1, 2]):
+        status, answer = server.post("/wan22/split", body)
+        assert status == 400 and answer["error"].split(":")[0] in ("prompt", "nodes")
+
+
+def test_the_canvas_learns_the_old_sampler_names_from_the_server(server):
+    assert server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"}}

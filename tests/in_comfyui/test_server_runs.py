@@ -7,35 +7,25 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from devtools.comfy_server import ComfyServer
-
-from .prompts import loader, our_prompt
-
-
-def start_server(tmp_path_factory, tiny_models, name):
-    base = tmp_path_factory.mktemp(name)
-    os.symlink(tiny_models["dir"], base / "models")
-    return ComfyServer(str(base)).start()
+from .prompts import expert_files, loader, our_prompt, text_folder
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_models):
-    running = start_server(tmp_path_factory, tiny_models, "runs_server")
-    yield running
-    running.stop()
+def server(tiny_models_server):
+    return tiny_models_server
 
 
 def prompt_for(tiny, seed, prefix, steps=8, **kw):
-    n = tiny["names"]
-    return our_prompt(loader(n[("t2v", "high", "fp16")], n[("t2v", "low", "fp16")]), n[("t2v", "diffusers")],
-                      steps=steps, seed=seed, save_latent_prefix=f"latents/{prefix}", **kw)
+    return our_prompt(loader(*expert_files(tiny)), text_folder(tiny), steps=steps, seed=seed,
+                      save_latent_prefix=f"latents/{prefix}", **kw)
 
 
 def run_and_load(server, prompt) -> torch.Tensor:
     status, body = server.queue(prompt)
     assert status == 200, body
     entry = server.wait(body["prompt_id"], timeout=1200)
-    assert entry["status"]["status_str"] == "success", [m for m in entry["status"]["messages"] if m[0] == "execution_error"]
+    errors = [m for m in entry["status"]["messages"] if m[0] == "execution_error"]
+    assert entry["status"]["status_str"] == "success", errors
     prefix = prompt["11"]["inputs"]["filename_prefix"]
     (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
     return load_file(path)["latent_tensor"]
@@ -48,7 +38,7 @@ def test_seeds_a_b_a_on_one_server_give_bit_identical_a_results(server, tiny_mod
     assert torch.equal(a1, a2) and not torch.equal(a1, b)
 
 
-def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, tiny_models, tmp_path_factory):
+def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, tiny_models, request):
     long_run = prompt_for(tiny_models, 7, "interrupted", steps=300, width=256, height=256, length=9)
     prompt_id, messages = server.run_and_interrupt(long_run, node_id="5", at_step=3)
     kinds = [m["type"] for m in messages]
@@ -60,16 +50,11 @@ def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, 
     assert history["status"]["status_str"] == "error"
 
     after = run_and_load(server, prompt_for(tiny_models, 8, "after_interrupt"))
-    fresh = start_server(tmp_path_factory, tiny_models, "fresh_server")
-    try:
-        reference = run_and_load(fresh, prompt_for(tiny_models, 8, "after_interrupt"))
-    finally:
-        fresh.stop()
-    assert torch.equal(after, reference)
+    fresh = request.getfixturevalue("fresh_tiny_models_server")  # started only now: it never saw the interrupt
+    assert torch.equal(after, run_and_load(fresh, prompt_for(tiny_models, 8, "after_interrupt")))
 
 
-def test_an_interrupted_cached_run_then_the_same_prompt_equals_it_on_a_fresh_server(server, tiny_models,
-                                                                                      tmp_path_factory):
+def test_an_interrupted_cached_run_then_the_same_prompt_equals_it_on_a_fresh_server(server, tiny_models, request):
     steps = 120
     prompt = prompt_for(tiny_models, 17, "cached_interrupted", steps=steps, width=256, height=256, length=9,
                         cache={})
@@ -78,10 +63,7 @@ def test_an_interrupted_cached_run_then_the_same_prompt_equals_it_on_a_fresh_ser
     assert "execution_interrupted" in [m["type"] for m in messages] and max(progress) < steps
     again = run_and_load(server, prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256, height=256,
                                             length=9, cache={}))
-    fresh = start_server(tmp_path_factory, tiny_models, "fresh_cached_server")
-    try:
-        reference = run_and_load(fresh, prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256,
-                                                   height=256, length=9, cache={}))
-    finally:
-        fresh.stop()
+    fresh = request.getfixturevalue("fresh_tiny_models_server")
+    reference = run_and_load(fresh, prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256, height=256,
+                                               length=9, cache={}))
     assert torch.equal(again, reference)

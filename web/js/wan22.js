@@ -1,143 +1,200 @@
-// Wan2.2 Cache-DiT on the canvas: socket colours, the schedule's split shown live as its widgets
-// change (computed on the server by the node's own function), boundary_ratio only when the boundary is
-// custom, old sampler names shown as the ComfyUI samplers they now run, and what each node reported after
-// a run (the split, the cache savings).
+// Wan2.2 Cache-DiT on the canvas:
+// - socket colours for the pack's types;
+// - the split each schedule node will run, shown live as anything in the graph changes: the frontend's own
+//   graphToPrompt (subgraphs flattened, widget values resolved) goes to the server, which reads the experts
+//   behind each schedule node out of it as the nodes do and counts the split with the node's own function;
+// - what each node reported after a run (the split, the cache savings, the CFG passes really used);
+// - workflows saved before the boundary became a dynamic input load with their values in place, and old
+//   sampler names (served by the server) show as the ComfyUI samplers they run.
+// Everything is shown in a DOM widget, which the classic canvas and the Vue-nodes mode both display, in the
+// frontend's theme colours, and always inserted as text.
 import { app } from "../../../scripts/app.js";
 import { api } from "../../../scripts/api.js";
 
-const EXPERTS = "WAN22_EXPERTS";
+const PACK_NODE = /^Wan22/;
+const SCHEDULE = "Wan22Schedule";
+const STATUS_WIDGET = "wan22_status";
 const SOCKET_COLOURS = { WAN22_EXPERTS: "#b06ad9", WAN22_SCHEDULE: "#3fb6a8" };
-// What the server's node definitions say, collected as they register: nodes that make experts, and nodes
-// that take experts and give experts back (Cache-DiT, LoRA, any future one).
-const LOADERS = new Set();
-const PASS_THROUGH = new Set();
-const BRIDGE = "Wan22ExpertsFromModel";
-const EXPERT_INPUTS = { high: "high_noise_model", low: "low_noise_model" };
-// Workflows saved before the pack ran ComfyUI's own samplers (the server maps them the same way).
-const OLD_SAMPLERS = { unipc: "uni_pc", dpmpp: "dpmpp_2m" };
+const REFRESH_DELAY_MS = 150;
+
+const canvasInfo = { old_samplers: {} }; // served by GET /wan22/canvas
+const scheduleDefaults = {}; // input name -> default, from the server's node definition
+// Counters the browser tests wait on (never a fixed sleep): refreshes asked for, replies handled.
+const progress = { requested: 0, handled: 0 };
+window.wan22Canvas = progress;
+
+// --- the status text, a DOM widget on each of the pack's nodes ---
+
+function statusElement(node) {
+  return node.widgets?.find((w) => w.name === STATUS_WIDGET)?.element ?? null;
+}
+
 const LINE_HEIGHT = 16;
-const PREVIEW_DELAY_MS = 150;
+const CHAR_WIDTH = 6.6; // of the 12px status font, to count wrapped lines
 
-function typeOf(node) {
-  return node?.type ?? node?.comfyClass;
+// The height the status text needs at the node's width (the classic canvas gives a DOM widget the height it
+// asks for; the Vue-nodes mode lays the element out itself).
+function statusHeight(node, element) {
+  const text = element.textContent;
+  if (!text) return 0;
+  const perLine = Math.max(8, Math.floor((node.size[0] - 24) / CHAR_WIDTH));
+  const lines = text.split("\n").reduce((n, line) => n + Math.max(1, Math.ceil(line.length / perLine)), 0);
+  return lines * LINE_HEIGHT + 6;
 }
 
-function widgetValues(node) {
-  return Object.fromEntries((node.widgets ?? []).map((w) => [w.name, w.value]));
+function addStatusWidget(node) {
+  if (statusElement(node)) return;
+  const element = document.createElement("div");
+  element.className = "wan22-status";
+  Object.assign(element.style, {
+    color: "var(--descrip-text, #999)", fontSize: "12px", lineHeight: `${LINE_HEIGHT}px`, whiteSpace: "pre-wrap",
+    overflowWrap: "anywhere", padding: "2px 6px", pointerEvents: "none", boxSizing: "border-box",
+  });
+  const height = () => statusHeight(node, element);
+  const widget = node.addDOMWidget(STATUS_WIDGET, STATUS_WIDGET, element, {
+    serialize: false, getMinHeight: height, getMaxHeight: height,
+  });
+  widget.serialize = false; // not part of widgets_values, nor of the API prompt
 }
 
-function sourceOf(node, inputName) {
-  const input = node.inputs?.find((i) => i.name === inputName);
-  if (input?.link == null) return null;
-  return node.graph?.getNodeById(node.graph.links[input.link]?.origin_id) ?? null;
+function setStatus(node, key, text) {
+  node.wan22Lines = { ...node.wan22Lines, [key]: text };
+  const element = statusElement(node);
+  if (!element) return;
+  const shown = [node.wan22Lines.split, node.wan22Lines.result, node.wan22Lines.used].filter(Boolean).join("\n");
+  if (element.textContent === shown) return;
+  element.textContent = shown; // text, never HTML: it can carry values the user typed
+  node.setSize([node.size[0], Math.max(node.size[1], node.computeSize()[1])]);
+  node.setDirtyCanvas?.(true, true);
 }
 
-// The node that makes the experts behind a node's experts input, through any pass-through nodes.
-function upstreamLoader(node) {
-  let current = node;
-  for (let hops = 0; hops < 32 && current; hops++) {
-    const source = sourceOf(current, "experts");
-    if (!source) return null;
-    if (LOADERS.has(typeOf(source))) return source;
-    if (!PASS_THROUGH.has(typeOf(source))) return null;
-    current = source;
-  }
+// --- nodes by the ids graphToPrompt and the server give them ("12", or "128:12" inside a subgraph) ---
+
+function executionIds() {
+  const ids = new Map();
+  const walk = (graph, prefix, depth) => {
+    for (const node of graph?.nodes ?? []) {
+      const id = `${prefix}${node.id}`;
+      if (!ids.has(node)) ids.set(node, id);
+      if (depth < 16 && node.isSubgraphNode?.()) walk(node.subgraph, `${id}:`, depth + 1);
+    }
+  };
+  walk(app.rootGraph ?? app.graph, "", 0);
+  return ids;
+}
+
+function nodeByExecutionId(id) {
+  for (const [node, nodeId] of executionIds()) if (nodeId === String(id)) return node;
   return null;
 }
 
-// For the MODEL bridge: per expert, null when unconnected, else the file of the loader behind it (through
-// LoRA loaders and model patches), when one can be found.
-function bridgedModels(bridge) {
-  const models = {};
-  for (const [role, inputName] of Object.entries(EXPERT_INPUTS)) {
-    let source = sourceOf(bridge, inputName);
-    models[role] = source ? {} : null;
-    for (let hops = 0; hops < 32 && source; hops++) {
-      const unet = source.widgets?.find((w) => w.name === "unet_name");
-      if (unet) {
-        models[role] = { unet_name: unet.value };
-        break;
-      }
-      source = sourceOf(source, "model");
-    }
-  }
-  return models;
+// --- the live split ---
+
+function splitText(answer) {
+  if (!answer) return "split: no answer";
+  if (answer.error) return `split: ${answer.error}`;
+  const source = answer.boundary_source.replaceAll("_", " ");
+  if (answer.boundary_ratio == null) return `will run: ${answer.high} high / ${answer.low} low (${source})`;
+  return `will run: ${answer.high} high / ${answer.low} low (boundary ${answer.boundary_ratio}, ${source}` +
+    (answer.boundary_known ? ")" : ", text-to-video assumed)");
 }
 
-function loaderBody(loader) {
-  const type = typeOf(loader);
-  return type === BRIDGE ? { type, models: bridgedModels(loader) } : { type, values: widgetValues(loader) };
+let refreshTimer = null;
+let refreshTicket = 0;
+
+function scheduleRefresh() {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(refreshSplits, REFRESH_DELAY_MS);
 }
 
-function setLines(node, key, text) {
-  node[key] = text;
-  const lines = [node.wan22Preview, node.wan22Result].filter(Boolean).join("\n").split("\n").length;
-  const needed = node.computeSize()[1] + lines * LINE_HEIGHT + 8;
-  if (node.size[1] < needed) node.setSize([node.size[0], needed]);
-  node.setDirtyCanvas(true, true);
-}
-
-async function refreshPreview(node) {
-  const ticket = (node.wan22Ticket = (node.wan22Ticket ?? 0) + 1); // a reply still on its way is now stale
-  const loader = upstreamLoader(node);
-  if (!loader) {
-    node.wan22Split = null;
-    setLines(node, "wan22Preview", "connect a Wan2.2 expert loader to see the split");
-    return;
-  }
-  const body = { loader: loaderBody(loader), ...widgetValues(node) };
+async function refreshSplits() {
+  const schedules = [...executionIds()].filter(([node]) => node.type === SCHEDULE);
+  if (!schedules.length) return;
+  const ticket = ++refreshTicket; // a reply still on its way is stale once a newer refresh starts
+  progress.requested++;
+  let answers = {};
   try {
-    const response = await api.fetchApi("/wan22/split", { method: "POST", body: JSON.stringify(body) });
-    const answer = await response.json();
-    if (ticket !== node.wan22Ticket) return; // a newer change is on its way
-    const text = answer.error
-      ? `split: ${answer.error}`
-      : `will run: ${answer.high} high / ${answer.low} low` +
-        (answer.boundary_ratio == null ? ` (${answer.boundary_source.replaceAll("_", " ")})`
-                                       : ` (boundary ${answer.boundary_ratio}, ${answer.boundary_source.replace("_", " ")}` +
-                                         (answer.boundary_known ? ")" : ", text-to-video assumed)"));
-    node.wan22Split = answer.error ? null : answer;
-    setLines(node, "wan22Preview", text);
+    const prompt = (await app.graphToPrompt()).output;
+    const response = await api.fetchApi("/wan22/split", {
+      method: "POST", body: JSON.stringify({ prompt, nodes: schedules.map(([, id]) => id) }),
+    });
+    const reply = await response.json();
+    answers = reply.splits ?? Object.fromEntries(schedules.map(([, id]) => [id, { error: reply.error }]));
   } catch (error) {
-    setLines(node, "wan22Preview", `split: ${error}`);
+    answers = Object.fromEntries(schedules.map(([, id]) => [id, { error: String(error) }]));
+  }
+  progress.handled++;
+  if (ticket !== refreshTicket) return;
+  for (const [node, id] of schedules) {
+    node.wan22Split = answers[id]?.error ? null : answers[id];
+    setStatus(node, "split", splitText(answers[id]));
   }
 }
 
-function schedulePreview(node) {
-  clearTimeout(node.wan22Timer);
-  node.wan22Timer = setTimeout(() => refreshPreview(node), PREVIEW_DELAY_MS);
-}
-
-function showBoundaryRatio(node) {
-  const boundary = node.widgets?.find((w) => w.name === "boundary");
-  const ratio = node.widgets?.find((w) => w.name === "boundary_ratio");
-  if (!boundary || !ratio) return;
-  const hidden = boundary.value !== "custom";
-  if (ratio.hidden === hidden) return;
-  ratio.hidden = hidden;
-  node.setSize([node.size[0], node.computeSize()[1]]);
-  node.setDirtyCanvas(true, true);
-}
-
-function refreshSchedulesOf(graph) {
-  for (const node of graph?._nodes ?? []) {
-    if (typeOf(node) === "Wan22Schedule") schedulePreview(node);
-  }
-}
-
-function showNewSamplerName(node) {
-  const sampler = node.widgets?.find((w) => w.name === "sampler");
-  if (sampler && OLD_SAMPLERS[sampler.value]) sampler.value = OLD_SAMPLERS[sampler.value];
-}
-
-function onWidgetChange(node, handler) {
-  for (const widget of node.widgets ?? []) {
-    const original = widget.callback;
-    widget.callback = function () {
+// Any change of a widget or a link anywhere (a loader behind a LoRA node, a subgraph's promoted widget) can
+// change the split: every node tells, and the frontend's own change tracker covers what users do by hand.
+function watch(node) {
+  for (const method of ["onWidgetChanged", "onConnectionsChange"]) {
+    const original = node[method];
+    node[method] = function () {
       const result = original?.apply(this, arguments);
-      handler(widget);
+      scheduleRefresh();
       return result;
     };
+  }
+}
+
+// --- workflows saved by earlier versions ---
+
+// 0.1.0 saved the schedule's widgets as [sampler, steps, flow_shift, boundary, boundary_ratio] and 0.2.0 added
+// the scheduler: the ratio whatever the mode. Since the boundary became a dynamic input, the ratio follows it
+// only when it is custom. So a non-custom boundary followed by a number is an old layout, rewritten before
+// the frontend reads it (it hands a node only as many saved values as it has widgets); old sampler names
+// become the ComfyUI samplers they run.
+function migrateScheduleValues(values) {
+  if (!Array.isArray(values) || values.length < 5) return values;
+  const migrated = [...values];
+  migrated[0] = canvasInfo.old_samplers[migrated[0]] ?? migrated[0];
+  if (typeof migrated[4] === "number" && migrated.length <= 6) {
+    const scheduler = migrated.length === 6 ? migrated[5] : scheduleDefaults.scheduler;
+    migrated.splice(4, migrated.length - 4, ...(migrated[3] === "custom" ? [migrated[4]] : []), scheduler);
+  }
+  return migrated;
+}
+
+// Newer frontends hand a node no more saved values than it has widgets before its dynamic inputs expand, which
+// drops the value after a custom boundary: the node takes them back from what the workflow saved.
+function restoreSavedValues(node, info) {
+  const widgets = node.widgets.filter((w) => w.serialize !== false);
+  const saved = info?.wan22_saved_values;
+  const named = info?.widgets_values_named;
+  widgets.forEach((widget, i) => {
+    const value = Array.isArray(saved) && saved.length === widgets.length ? saved[i]
+      : named && typeof named === "object" && widget.name in named ? named[widget.name] : undefined;
+    if (value !== undefined && widget.value !== value) widget.value = value;
+  });
+}
+
+function migrateSavedWorkflow(workflow) {
+  const graphs = [workflow, ...(workflow?.definitions?.subgraphs ?? [])];
+  for (const node of graphs.flatMap((graph) => graph?.nodes ?? [])) {
+    if (node?.type !== SCHEDULE) continue;
+    node.widgets_values = migrateScheduleValues(node.widgets_values);
+    if (Array.isArray(node.widgets_values)) node.wan22_saved_values = [...node.widgets_values];
+  }
+}
+
+// --- after a run ---
+
+function onExecuted({ detail }) {
+  const node = nodeByExecutionId(detail?.display_node ?? detail?.node);
+  const output = detail?.output ?? {};
+  if (!node || !PACK_NODE.test(node.type ?? "")) return;
+  if (output.report) node.wan22Report = output.report[0];
+  if (output.text) setStatus(node, "result", output.text.join("\n"));
+  for (const used of output.cache_used ?? []) {
+    const cacheNode = nodeByExecutionId(used.node);
+    if (cacheNode) setStatus(cacheNode, "used", used.text);
   }
 }
 
@@ -167,49 +224,39 @@ app.registerExtension({
         });
       }
     }
+    api.addEventListener("executed", onExecuted);
+    api.addEventListener("graphChanged", scheduleRefresh);
+    try {
+      Object.assign(canvasInfo, await (await api.fetchApi("/wan22/canvas")).json());
+    } catch (error) {
+      console.warn("wan22: canvas info unavailable", error);
+    }
+    scheduleRefresh();
+  },
+
+  nodeCreated(node) {
+    watch(node);
+  },
+
+  beforeConfigureGraph(workflow) {
+    migrateSavedWorkflow(workflow);
+  },
+
+  afterConfigureGraph() {
+    scheduleRefresh();
   },
 
   async beforeRegisterNodeDef(nodeType, nodeData) {
-    const inputs = { ...(nodeData.input?.required ?? {}), ...(nodeData.input?.optional ?? {}) };
-    const makesExperts = (nodeData.output ?? []).includes(EXPERTS);
-    if (makesExperts) (inputs.experts?.[0] === EXPERTS ? PASS_THROUGH : LOADERS).add(nodeData.name);
-    // Hooks on the node class (not `nodeCreated`, which runs before the widgets exist).
-    if (nodeData.name === "Wan22Schedule") {
-      chain(nodeType, "onNodeCreated", function () {
-        onWidgetChange(this, () => { showBoundaryRatio(this); schedulePreview(this); });
-        showBoundaryRatio(this);
-        schedulePreview(this);
-      });
-      chain(nodeType, "onConfigure", function () { showNewSamplerName(this); showBoundaryRatio(this); schedulePreview(this); });
-      chain(nodeType, "onConnectionsChange", function () { schedulePreview(this); });
-    } else if (makesExperts || inputs.unet_name) {
-      // A loader's files (ours, or Load Diffusion Model behind the bridge) decide the split too.
-      chain(nodeType, "onNodeCreated", function () { onWidgetChange(this, () => refreshSchedulesOf(this.graph)); });
-      chain(nodeType, "onConnectionsChange", function () { refreshSchedulesOf(this.graph); });
+    if (!PACK_NODE.test(nodeData.name)) return;
+    // Hooks on the node class, not in `nodeCreated`, which runs before the widgets exist.
+    chain(nodeType, "onNodeCreated", function () { addStatusWidget(this); });
+    if (nodeData.name !== SCHEDULE) return;
+    for (const [name, spec] of Object.entries({ ...nodeData.input?.required, ...nodeData.input?.optional })) {
+      if (spec?.[1]?.default !== undefined) scheduleDefaults[name] = spec[1].default;
     }
-    if (!makesExperts && nodeData.name !== "Wan22Schedule" && nodeData.name !== "Wan22TwoStageSampler") return;
-
-    const onExecuted = nodeType.prototype.onExecuted;
-    nodeType.prototype.onExecuted = function (message) {
-      onExecuted?.apply(this, arguments);
-      if (message?.report) this.wan22Report = message.report[0];
-      if (message?.text) setLines(this, "wan22Result", message.text.join("\n"));
-    };
-
-    const onDrawForeground = nodeType.prototype.onDrawForeground;
-    nodeType.prototype.onDrawForeground = function (ctx) {
-      onDrawForeground?.apply(this, arguments);
-      const text = [this.wan22Preview, this.wan22Result].filter(Boolean).join("\n");
-      if (!text || this.flags?.collapsed) return;
-      const lines = text.split("\n");
-      ctx.save();
-      ctx.font = "12px sans-serif";
-      ctx.fillStyle = "#8fd18f";
-      ctx.textAlign = "left";
-      lines.forEach((line, i) => {
-        ctx.fillText(line, 10, this.size[1] - (lines.length - i) * LINE_HEIGHT + 10, this.size[0] - 20);
-      });
-      ctx.restore();
-    };
+    chain(nodeType, "onConfigure", function (info) {
+      restoreSavedValues(this, info);
+      scheduleRefresh();
+    });
   },
 });
