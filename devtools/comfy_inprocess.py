@@ -37,7 +37,7 @@ class PromptResult:
 
 
 class InProcessComfy:
-    def __init__(self, base_dir: str, cpu: bool = True):
+    def __init__(self, base_dir: str, cpu: bool = True, highvram: bool = False):
         self.base_dir = make_base_directory(base_dir)
         # ComfyUI first on the path: the checkout's own `nodes/` package must not shadow ComfyUI's nodes.py.
         if COMFYUI_DIR in sys.path:
@@ -45,6 +45,7 @@ class InProcessComfy:
         sys.path.insert(0, COMFYUI_DIR)
         from comfy.cli_args import args
         args.cpu = cpu
+        args.highvram = highvram  # keep models on the GPU (the GPU benchmark, where both experts fit)
         args.base_directory = self.base_dir
         import utils.extra_config  # noqa: F401  (before `nodes`, see above)
         import execution
