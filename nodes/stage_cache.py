@@ -64,11 +64,11 @@ class StageCache:
         self.per_step: list[int] = []
         self.evaluations = 0
         self.config = None
-        self.cfg_batching = None
-        self.pass_order: tuple[str, ...] = ()
         self._reset()
 
     def _reset(self) -> None:
+        self.cfg_batching = None
+        self.pass_order: tuple[str, ...] = ()
         self.prompts = None  # the prompts present in an evaluation, as the first one had them
         self.pattern = None  # the prompts of each transformer call of the first evaluation
         self.calls_now = None  # ... of the evaluation in progress (None outside an evaluation)
