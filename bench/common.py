@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -33,19 +34,41 @@ class Timer:
         return result, time.perf_counter() - started
 
 
-def interleaved(timer: Timer, runs: dict, repeats: int) -> dict:
+def interleaved(timer: Timer, runs: dict, repeats: int, budget_s: float | None = None) -> dict:
     """Runs each callable `repeats` times, alternating their order round by round so that machine noise
-    falls on all of them alike. Returns {name: (last result, fastest seconds, all seconds)}: interference from
-    the rest of the machine only ever adds time, so the fastest of the repeats is the least disturbed one."""
+    falls on all of them alike. Returns {name: (last result, fastest seconds, all seconds in round order)}.
+    `budget_s`: a further round starts only if it should end within that many seconds (the first always runs)."""
     names = list(runs)
     times = {name: [] for name in names}
     results = {}
+    started = time.perf_counter()
     for r in range(repeats):
+        elapsed = time.perf_counter() - started
+        if budget_s is not None and r and elapsed + elapsed / r > budget_s:
+            break  # another round would not fit
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
             results[name], seconds = timer(runs[name])
             times[name].append(seconds)
     return {name: (results[name], min(times[name]), times[name]) for name in names}
+
+
+def round_speedups(reference: list[float], seconds: list[float]) -> tuple[float, list[float]]:
+    """Each round's ratio of the reference run's time to this run's (neighbouring runs drift least apart), and
+    their median over the rounds."""
+    ratios = [r / s for r, s in zip(reference, seconds)]
+    return statistics.median(ratios), ratios
+
+
+def cache_columns(record) -> dict:
+    """What one of our cached runs did, for a benchmark row: its cached steps per expert and the block forwards
+    a run without cache makes against those it made (the ceiling of its speed-up)."""
+    if record is None or not record.cache:
+        return {}
+    stats = record.cache.values()
+    return {"block_forward_ratio": sum(s["block_forwards_without_cache"] for s in stats)
+            / sum(s["block_forwards"] for s in stats),
+            "cached_steps": {role: s["cached_steps"] for role, s in record.cache.items()}}
 
 
 def text_embeddings(seed: int, tokens: int = 512, real: int = 24, width: int = 4096) -> torch.Tensor:

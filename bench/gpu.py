@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from bench.common import ROOT, Runs, Timer
+from bench.common import ROOT, Runs, Timer, cache_columns, interleaved, round_speedups
 from bench.run import psnr_db, rel_l2
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -98,44 +98,34 @@ def peak_memory_gb(device: torch.device) -> float | None:
 
 
 def measure(bench: Runs, device: torch.device, plan, rounds: int, budget_s: float) -> dict:
-    """Rounds of the four runs in alternating order; a round starts only while the budget lasts (the first
-    always runs). Per round: each run's seconds and peak memory, and its speed-up against that round's native
-    run."""
-    timer = Timer(device)
+    """Rounds of the four runs in alternating order, while the budget lasts (the first always runs): each run's
+    seconds and peak memory, and its speed-ups against each round's native run."""
+    peaks = {name: [] for name in VARIANTS}
+
+    def with_peak(name, run):
+        def measured():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            latent = run()
+            peaks[name].append(peak_memory_gb(device))
+            print(f"[gpu] {name}: run {len(peaks[name])} done")
+            return latent
+        return measured
+
     runs = {"native": bench.native(), "native_easycache": bench.native(easycache=True), "ours": bench.ours("ours"),
             "ours_cachedit": bench.ours("ours_cachedit", plan)}
     started = time.perf_counter()
-    per_round, latents = [], {}
-    for r in range(rounds):
-        elapsed = time.perf_counter() - started
-        if r and elapsed + elapsed / r > budget_s:
-            break  # another round would not fit
-        order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
-        seconds, peaks = {}, {}
-        for name in order:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            latents[name], seconds[name] = timer(runs[name])
-            peaks[name] = peak_memory_gb(device)
-            print(f"[gpu] round {r + 1}: {name} {seconds[name]:.2f} s")
-        per_round.append({"seconds": seconds, "peak_gb": peaks})
-    reference = latents["native"].float()
+    timed = interleaved(Timer(device), {name: with_peak(name, run) for name, run in runs.items()}, rounds, budget_s)
+    reference, native_rounds = timed["native"][0].float(), timed["native"][2]
     rows = {}
-    for name in VARIANTS:
-        ratios = [rnd["seconds"]["native"] / rnd["seconds"][name] for rnd in per_round]
-        row = {"seconds": [rnd["seconds"][name] for rnd in per_round],
-               "seconds_per_step": statistics.median(rnd["seconds"][name] for rnd in per_round) / bench.steps,
-               "speedup": statistics.median(ratios), "speedups": ratios,
-               "rel_l2": rel_l2(reference, latents[name].float()), "psnr_db": psnr_db(reference, latents[name].float()),
-               "max_abs": (latents[name].float() - reference).abs().max().item(),
-               "peak_gb": max((rnd["peak_gb"][name] or 0.0) for rnd in per_round) or None}
-        record = bench.records.get(name)
-        if record is not None and record.cache:
-            row["cached_steps"] = {role: s["cached_steps"] for role, s in record.cache.items()}
-            row["block_forward_ratio"] = (sum(s["block_forwards_without_cache"] for s in record.cache.values())
-                                          / sum(s["block_forwards"] for s in record.cache.values()))
-        rows[name] = row
-    return {"variants": rows, "rounds": len(per_round), "per_round": per_round, "split": list(bench.schedule.split),
+    for name, (latent, _, seconds) in timed.items():
+        speedup, ratios = round_speedups(native_rounds, seconds)
+        rows[name] = {"seconds": seconds, "seconds_per_step": statistics.median(seconds) / bench.steps,
+                      "speedup": speedup, "speedups": ratios, "rel_l2": rel_l2(reference, latent.float()),
+                      "psnr_db": psnr_db(reference, latent.float()),
+                      "max_abs": (latent.float() - reference).abs().max().item(),
+                      "peak_gb": max(p or 0.0 for p in peaks[name]) or None, **cache_columns(bench.records.get(name))}
+    return {"variants": rows, "rounds": len(native_rounds), "split": list(bench.schedule.split),
             "measured_seconds": time.perf_counter() - started}
 
 

@@ -23,12 +23,11 @@ import json
 import math
 import os
 import platform
-import statistics
 import tempfile
 
 import torch
 
-from bench.common import ROOT, Runs, Timer, interleaved
+from bench.common import ROOT, Runs, Timer, cache_columns, interleaved, round_speedups
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 # The real experts' depth (40 blocks), so that the blocks, which the cache skips, take the share of a forward
@@ -93,18 +92,10 @@ def measure(device: str, repeats: int) -> dict:
     reference, native_rounds = timed["native"][0], timed["native"][2]
     rows = {}
     for name, (latent, seconds, all_seconds) in timed.items():
-        # Each ratio is taken within a round, between neighbouring runs; the median over rounds is reported.
-        ratios = [n / t for n, t in zip(native_rounds, all_seconds)]
-        row = {"seconds": seconds, "all_seconds": all_seconds, "speedup": statistics.median(ratios),
-               "speedups": ratios,
-               "rel_l2": rel_l2(reference, latent), "psnr_db": psnr_db(reference, latent),
-               "max_abs": (latent - reference).abs().max().item()}
-        if name in records and records[name].cache:
-            stats = records[name].cache
-            done = sum(s["block_forwards"] for s in stats.values())
-            row["block_forward_ratio"] = sum(s["block_forwards_without_cache"] for s in stats.values()) / done
-            row["cached_steps"] = {role: s["cached_steps"] for role, s in stats.items()}
-        rows[name] = row
+        speedup, ratios = round_speedups(native_rounds, all_seconds)
+        rows[name] = {"seconds": seconds, "all_seconds": all_seconds, "speedup": speedup, "speedups": ratios,
+                      "rel_l2": rel_l2(reference, latent), "psnr_db": psnr_db(reference, latent),
+                      "max_abs": (latent - reference).abs().max().item(), **cache_columns(records.get(name))}
     ours = rows["ours_cachedit"]
     easy = rows["native_easycache"]
     return {

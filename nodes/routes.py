@@ -103,8 +103,9 @@ def split_of(prompt: dict, node_id: str) -> dict:
     except (TypeError, ValueError):
         raise Wan22InputError("steps", "steps and flow_shift must be numbers") from None
     schedule = sigmas.build_schedule(has_high=has_high, has_low=has_low, model_default=default,
-                                     sampler=values["sampler"], scheduler=values["scheduler"] or "simple",
-                                     steps=steps, flow_shift=flow_shift, custom_ratio=custom)
+                                     sampler=values["sampler"],
+                                     scheduler=values["scheduler"] or core_schedule.DEFAULT_SCHEDULER, steps=steps,
+                                     flow_shift=flow_shift, custom_ratio=custom)
     return {"high": schedule.high_steps, "low": schedule.low_steps, "boundary_ratio": schedule.boundary.ratio,
             "boundary_source": schedule.boundary.source, "boundary_known": known, "summary": schedule.summary()}
 
