@@ -1,17 +1,41 @@
 """Wan2.2 Cache-DiT: puts a cache plan on a new experts handle; the sampler applies it to each expert's
-stage of each run, with a context sized to that stage."""
+stage of each run, with a context sized to that stage. Wan2.2 Cache-DiT (MODEL): the same cache on one
+expert's MODEL, for graphs of ComfyUI's own samplers, sized at each sample call."""
 
 from __future__ import annotations
+
+import logging
 
 from comfy_api.latest import io
 
 from .core.cache import CALIBRATORS, CachePlan, ExpertCacheSettings
+from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
+from .stage_cache import StageCache
 from .types import CATEGORY, ExpertsType
 
 NO_LIMIT = "-1 means no limit."
 PASSES_NOTE = "CFG passes (batched or separate) are read from ComfyUI's calls when each stage runs"
 DEFAULTS = CachePlan().node_inputs()
+
+
+def block_inputs() -> list:
+    """The inputs both Cache-DiT nodes share: what decides, block by block, whether a step is cached."""
+    return [
+        io.Float.Input("residual_diff_threshold", default=DEFAULTS["residual_diff_threshold"], min=0.001, max=1.0,
+                       step=0.01,
+                       tooltip="A step is served from the cache when the first blocks' output changed less than this "
+                               "(relative L1) since the last computed step. Higher: faster, less exact. Wan2.2: "
+                               "0.24."),
+        io.Int.Input("first_compute_blocks", default=DEFAULTS["first_compute_blocks"], min=1, max=64, advanced=True,
+                     tooltip="Blocks always computed at the start of each forward; their residual decides whether the "
+                             "rest is cached."),
+        io.Int.Input("last_compute_blocks", default=DEFAULTS["last_compute_blocks"], min=0, max=64, advanced=True,
+                     tooltip="Blocks always computed at the end of each forward."),
+        io.Int.Input("max_continuous_cached_steps", default=DEFAULTS["max_continuous_cached_steps"], min=-1, max=1000,
+                     advanced=True, tooltip="At most this many cached steps in a row before one is computed. "
+                                            + NO_LIMIT),
+    ]
 
 
 def expert_inputs(role: str) -> list:
@@ -42,19 +66,7 @@ class Wan22CacheDiT(io.ComfyNode):
                 io.Boolean.Input("enabled", default=True,
                                  tooltip="Off: the experts run without any cache hook (bit-identical to never "
                                          "having enabled it, and to ComfyUI's own KSamplers)."),
-                io.Float.Input("residual_diff_threshold", default=DEFAULTS["residual_diff_threshold"], min=0.001,
-                               max=1.0, step=0.01,
-                               tooltip="A step is served from the cache when the first blocks' output changed "
-                                       "less than this (relative L1) since the last computed step. Higher: "
-                                       "faster, less exact. Wan2.2: 0.24."),
-                io.Int.Input("first_compute_blocks", default=DEFAULTS["first_compute_blocks"], min=1, max=64,
-                             advanced=True, tooltip="Blocks always computed at the start of each forward; their "
-                                                    "residual decides whether the rest is cached."),
-                io.Int.Input("last_compute_blocks", default=DEFAULTS["last_compute_blocks"], min=0, max=64,
-                             advanced=True, tooltip="Blocks always computed at the end of each forward."),
-                io.Int.Input("max_continuous_cached_steps", default=DEFAULTS["max_continuous_cached_steps"], min=-1,
-                             max=1000, advanced=True,
-                             tooltip="At most this many cached steps in a row before one is computed. " + NO_LIMIT),
+                *block_inputs(),
                 *expert_inputs("high"),
                 *expert_inputs("low"),
                 io.Combo.Input("calibrator", options=list(CALIBRATORS), default=DEFAULTS["calibrator"], optional=True,
@@ -81,3 +93,120 @@ class Wan22CacheDiT(io.ComfyNode):
         hidden = getattr(cls, "hidden", None)
         handle = experts.replace(cache_plan=plan, cache_node=hidden.unique_id if hidden is not None else None)
         return io.NodeOutput(handle, ui={"text": [f"{plan.summary()}\n{PASSES_NOTE}"]})
+
+
+MODEL_NODE = "Wan2.2 Cache-DiT (MODEL)"
+MODEL_TURN_OFF = f"set enabled to false on the {MODEL_NODE} node"
+MODEL_DEFAULTS = {"warmup_steps": DEFAULTS["high_warmup_steps"], "max_cached_steps": DEFAULTS["high_max_cached_steps"]}
+
+
+def model_plan(residual_diff_threshold, first_compute_blocks, last_compute_blocks, max_continuous_cached_steps,
+               warmup_steps, max_cached_steps, calibrator) -> CachePlan:
+    """The plan of the MODEL node: one expert's settings (both roles of a CachePlan carry them)."""
+    settings = ExpertCacheSettings(warmup_steps, max_cached_steps)
+    return CachePlan(residual_diff_threshold=float(residual_diff_threshold), first_compute_blocks=first_compute_blocks,
+                     last_compute_blocks=last_compute_blocks, max_continuous_cached_steps=max_continuous_cached_steps,
+                     high=settings, low=settings, calibrator=calibrator)
+
+
+class SampleCallCache(StageCache):
+    """The MODEL node's cache: each sample call on the MODEL (each KSampler, KSamplerAdvanced or
+    SamplerCustomAdvanced that runs it) is a stage of its own, with a context sized with that call's sigmas
+    and sampler; after each, cache-dit's statistics go to the node's text on the canvas and to the log."""
+
+    def __init__(self, plan: CachePlan, node_id: str | None, layers: int):
+        super().__init__(plan, "high", "model", turn_off=MODEL_TURN_OFF)
+        self.node_id, self.layers, self.runs = node_id, layers, 0
+
+    def sampler_sample(self, executor, *args, **kwargs):
+        out = super().sampler_sample(executor, *args, **kwargs)
+        self.runs += 1
+        stats = self.statistics(self.layers)
+        line = stats_line(self.runs, stats)
+        logging.info("%s %s: %s", MODEL_NODE, self.node_id, line)
+        show_on_canvas(self.node_id, line)
+        return out
+
+
+def stats_line(call: int, stats: dict) -> str:
+    done, full = stats["block_forwards"], stats["block_forwards_without_cache"]
+    if not stats["cached"]:
+        return f"sample call {call}: {stats['evaluations']} evaluations; {stats['note']}"
+    return (f"sample call {call}: {len(stats['cached_steps']) + len(stats['cfg_cached_steps'])} of "
+            f"{stats['evaluations']} evaluations cached (context sized {stats['evaluations']}, {stats['config']}), "
+            f"blocks {done}/{full} ({100 * (1 - done / full) if full else 0:.0f}% saved)")
+
+
+def show_on_canvas(node_id: str | None, text: str) -> None:
+    """The node's "last run" line on the canvas, sent while the graph runs (the node itself ran before)."""
+    if node_id is None:
+        return
+    try:
+        from server import PromptServer
+    except ImportError:
+        return
+    server = getattr(PromptServer, "instance", None)
+    if server is not None:  # to the client that queued the prompt (all clients when it gave no id)
+        server.send_sync("wan22.cache_used", {"node": node_id, "text": f"last run: {text}"},
+                         getattr(server, "client_id", None))
+
+
+def wan_diffusion_model(model):
+    """The MODEL's diffusion model, which must be ComfyUI's own Wan transformer (not a subclass: VACE, Fun
+    camera and S2V add work to the block loop that the cached loop would drop)."""
+    from comfy.ldm.wan.model import WanModel
+
+    diffusion_model = model.get_model_object("diffusion_model")
+    if type(diffusion_model) is not WanModel:
+        raise Wan22InputError("model", f"{MODEL_NODE} caches ComfyUI's Wan2.2 transformer (WanModel), not "
+                                       f"{type(diffusion_model).__name__}: connect a Wan2.2 A14B expert's MODEL")
+    return diffusion_model
+
+
+class Wan22CacheDiTModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="Wan22CacheDiTModel",
+            display_name=MODEL_NODE,
+            category=CATEGORY,
+            description="Cache-DiT (DBCache) on one Wan2.2 expert's MODEL, for graphs of ComfyUI's own samplers "
+                        "(the official template's two KSamplerAdvanced, a three-stage graph): each sample call on "
+                        "this MODEL gets a context of its own, sized with that call's sigmas and sampler, installed "
+                        "for that call only. Put one on each expert.",
+            inputs=[
+                io.Model.Input("model", tooltip="One Wan2.2 expert's MODEL (after its LoRAs). The MODEL this node "
+                                                "received stays uncached for other branches."),
+                io.Boolean.Input("enabled", default=True,
+                                 tooltip="Off: the MODEL passes through untouched (bit-identical to the graph "
+                                         "without this node)."),
+                *block_inputs(),
+                io.Int.Input("warmup_steps", default=MODEL_DEFAULTS["warmup_steps"], min=0, max=1000,
+                             tooltip="The first evaluations of each sample call, always computed in full. At 4-8 "
+                                     "LightX2V steps a stage has 2-4 evaluations: lower this, or leave the cache off "
+                                     "(see the README's few-step curves)."),
+                io.Int.Input("max_cached_steps", default=MODEL_DEFAULTS["max_cached_steps"], min=-1, max=1000,
+                             tooltip="At most this many cached evaluations per sample call; 0 never caches. "
+                                     + NO_LIMIT),
+                io.Combo.Input("calibrator", options=list(CALIBRATORS), default=DEFAULTS["calibrator"],
+                               advanced=True, tooltip="none: a cached step reuses the last computed residual. "
+                                                      "taylorseer: forecasts it (first order)."),
+            ],
+            outputs=[io.Model.Output(display_name="model", tooltip="The expert with the cache, for a KSampler.")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model, enabled, residual_diff_threshold, first_compute_blocks, last_compute_blocks,
+                max_continuous_cached_steps, warmup_steps, max_cached_steps,
+                calibrator=DEFAULTS["calibrator"]) -> io.NodeOutput:
+        if not enabled:
+            return io.NodeOutput(model, ui={"text": ["Cache-DiT off"]})
+        layers = len(wan_diffusion_model(model).blocks)
+        plan = model_plan(residual_diff_threshold, first_compute_blocks, last_compute_blocks,
+                          max_continuous_cached_steps, warmup_steps, max_cached_steps, calibrator)
+        plan.check(layers)
+        hidden = getattr(cls, "hidden", None)
+        cached = model.clone()
+        SampleCallCache(plan, hidden.unique_id if hidden is not None else None, layers).attach(cached)
+        return io.NodeOutput(cached, ui={"text": [f"{plan.strify('high')}; sized at each sample call"]})

@@ -1,7 +1,7 @@
-"""Sampling a Wan2.2 A14B run: the stages the official template's two KSamplerAdvanced run, each through
-ComfyUI's own `nodes.common_ksampler` on a clone of its expert with the run's flow shift (ComfyUI's noise,
-noise mask, model management, progress bar, previews and interrupt), with the stage's Cache-DiT, if any,
-installed for that stage only."""
+"""Sampling a Wan2.2 A14B run: a list of stages (the two the official template's KSamplerAdvanced run, and a
+lead stage in front for the three-stage recipe), each through ComfyUI's own `nodes.common_ksampler` on a
+clone of its expert with the run's flow shift (ComfyUI's noise, noise mask, model management, progress bar,
+previews and interrupt), with the stage's Cache-DiT, if any, installed for that stage only."""
 
 from __future__ import annotations
 
@@ -12,11 +12,9 @@ import comfy.patcher_extension
 import nodes as comfyui_nodes
 
 from .core import cache as core_cache
-from .core import experts as core_experts
 from .core.errors import Wan22InputError
-from .core.experts import ROLE_WORDS
 from .core.report import RunRecord, StepRecord
-from .core.schedule import RunSchedule
+from .core.schedule import STAGE_WORDS, RunSchedule
 from .stage_cache import StageCache
 from .wrapper_calls import call_argument, prompts_in
 
@@ -25,19 +23,20 @@ WrappersMP = comfy.patcher_extension.WrappersMP
 
 @dataclass(frozen=True)
 class Stage:
-    """One expert's part of a run, as one KSamplerAdvanced would run it."""
+    """One stage of a run, as one KSamplerAdvanced (or, for a lead stage whose last step is its own, one
+    SamplerCustomAdvanced) would run it."""
 
-    role: str
+    name: str  # "lead" | "high" | "low"
+    role: str  # the expert it runs on: "high" | "low"
     model: object  # a clone of the expert with the run's flow shift
     cfg: float
+    steps: int  # the steps of the schedule it is part of (the lead's own, or the main one)
     start_step: int
     last_step: int
-    add_noise: bool  # the first stage adds the seed's noise; the second continues from its latent
+    sigmas: tuple[float, ...]  # what it steps through (checked against ComfyUI's own when it runs)
+    add_noise: bool  # the first stage adds the seed's noise; the others continue from the latent
     full_denoise: bool  # False: return with the leftover noise for the next stage
-
-    @property
-    def steps(self) -> int:
-        return self.last_step - self.start_step
+    own_sigmas: bool = False  # a lead stage whose last step is its own: run on its sigmas, not on a KSampler's
 
 
 def shifted(model, flow_shift: float):
@@ -53,21 +52,38 @@ def check_run(experts, schedule: RunSchedule) -> None:
             experts.has_high, experts.has_low, experts.default_boundary):
         raise Wan22InputError("schedule", "this schedule was built for other experts; connect the schedule "
                                           "node's experts input to the same experts as the sampler's")
+    lead = schedule.lead
+    if lead is not None and lead.architecture != experts.architecture:
+        raise Wan22InputError("schedule", f"the lead stage's expert ({lead.architecture.describe()}) is not the same "
+                                          f"model as the sampler's experts ({experts.architecture.describe()}): give "
+                                          "the lead stage the same experts, before their LoRAs")
 
 
 def plan_stages(experts, schedule: RunSchedule, cfg: dict[str, float]) -> list[Stage]:
-    """High-noise expert from step 0 to the switch (leftover noise kept), then the low-noise expert to the
-    end; an expert with no steps has no stage, and a lone stage runs as one KSampler."""
+    """The run's stages in order: a lead stage, if the schedule has one, then the high-noise expert to the
+    switch (leftover noise kept), then the low-noise expert to the end; a stage with no steps is left out,
+    and a lone stage runs as one KSampler."""
     check_run(experts, schedule)
     models = experts.models()
-    bounds = {"high": (0, schedule.high_steps), "low": (schedule.high_steps, schedule.steps)}
-    roles = [role for role in core_experts.ROLES if bounds[role][1] > bounds[role][0]]
+    names = list(schedule.stage_steps())
     if experts.cache_plan is not None:  # refuses a sampler the cache cannot size before anything loads
-        for role in roles:
-            core_cache.evaluations_per_step(schedule.sampler, schedule.stage_sigmas(role))
-    return [Stage(role=role, model=shifted(models[role], schedule.flow_shift), cfg=float(cfg[role]),
-                  start_step=bounds[role][0], last_step=bounds[role][1], add_noise=i == 0,
-                  full_denoise=i == len(roles) - 1) for i, role in enumerate(roles)]
+        for name in names:
+            core_cache.evaluations_per_step(schedule.sampler, schedule.stage_sigmas(name))
+    stages = []
+    for i, name in enumerate(names):
+        first, last = i == 0, i == len(names) - 1
+        if name == "lead":
+            lead = schedule.lead
+            stages.append(Stage(name="lead", role="high", model=shifted(lead.model, schedule.flow_shift),
+                                cfg=float(lead.cfg), steps=lead.steps, start_step=0, last_step=lead.end_step,
+                                sigmas=schedule.stage_sigmas("lead"), add_noise=True, full_denoise=last,
+                                own_sigmas=not lead.exact))
+            continue
+        start, end = schedule.stage_bounds(name)
+        stages.append(Stage(name=name, role=name, model=shifted(models[name], schedule.flow_shift),
+                            cfg=float(cfg[name]), steps=schedule.steps, start_step=start, last_step=end,
+                            sigmas=schedule.stage_sigmas(name), add_noise=first, full_denoise=last))
+    return stages
 
 
 class StageCalls:
@@ -77,8 +93,8 @@ class StageCalls:
 
     KEY = "wan22_stage_calls"
 
-    def __init__(self, role: str, sigmas: tuple[float, ...]):
-        self.role, self.sigmas = role, tuple(sigmas)
+    def __init__(self, stage: str, sigmas: tuple[float, ...]):
+        self.stage, self.sigmas = stage, tuple(sigmas)
         self.calls = 0
         self.prompts = 0
 
@@ -89,7 +105,7 @@ class StageCalls:
     def sampler_sample(self, executor, *args, **kwargs):
         seen = tuple(float(s) for s in call_argument(executor, args, kwargs, "sigmas"))
         if seen != self.sigmas:
-            raise Wan22InputError("schedule", f"ComfyUI's sampling would step the {ROLE_WORDS[self.role]} stage "
+            raise Wan22InputError("schedule", f"ComfyUI's sampling would step the {STAGE_WORDS[self.stage]} stage "
                                               f"through the sigmas {[round(s, 6) for s in seen]}, not the "
                                               f"{[round(s, 6) for s in self.sigmas]} the split was counted from; "
                                               "nothing was run. Please report it with your ComfyUI version")
@@ -101,14 +117,24 @@ class StageCalls:
         return executor(*args, **kwargs)
 
 
-def run_stage(stage: Stage, schedule: RunSchedule, positive, negative, latent: dict, seed: int) -> dict:
+def run_stage(stage: Stage, sampler: str, scheduler: str, positive, negative, latent: dict, seed: int) -> dict:
     """One stage exactly as a KSamplerAdvanced runs it: ComfyUI's own common_ksampler, which computes the
-    sigmas from the clone's model sampling (StageCalls checks they are the schedule's). It takes no callback,
-    so its progress bar and previews run once per stage, as on the template's two KSamplerAdvanced."""
+    sigmas from the clone's model sampling (StageCalls checks they are the stage's). It takes no callback,
+    so its progress bar and previews run once per stage, as on the template's KSamplerAdvanced. A lead stage
+    whose last step is its own runs through ComfyUI's SamplerCustom on its sigmas, as SamplerCustomAdvanced
+    would run them."""
+    if stage.own_sigmas:
+        import comfy.samplers
+        import torch
+        from comfy_extras.nodes_custom_sampler import SamplerCustom
+
+        return SamplerCustom.execute(stage.model, stage.add_noise, seed, stage.cfg, positive, negative,
+                                     comfy.samplers.sampler_object(sampler), torch.tensor(stage.sigmas),
+                                     latent).args[0]
     return comfyui_nodes.common_ksampler(
-        stage.model, seed, schedule.steps, stage.cfg, schedule.sampler, schedule.scheduler, positive, negative,
-        latent, denoise=1.0, disable_noise=not stage.add_noise, start_step=stage.start_step,
-        last_step=stage.last_step, force_full_denoise=stage.full_denoise)[0]
+        stage.model, seed, stage.steps, stage.cfg, sampler, scheduler, positive, negative, latent, denoise=1.0,
+        disable_noise=not stage.add_noise, start_step=stage.start_step, last_step=stage.last_step,
+        force_full_denoise=stage.full_denoise)[0]
 
 
 def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, seed: int,
@@ -116,23 +142,21 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
     """Runs the stages through ComfyUI's sampling; returns the LATENT (a new dict) and what the run did."""
     stages = plan_stages(experts, schedule, cfg)
     plan = experts.cache_plan
-    record = RunRecord(split=schedule.split)
+    record = RunRecord(split=schedule.split, stages=tuple(stage.name for stage in stages))
     out = latent
     for stage in stages:
-        calls = StageCalls(stage.role, schedule.stage_sigmas(stage.role))
+        calls = StageCalls(stage.name, stage.sigmas)
         calls.attach(stage.model)
-        cache = StageCache(plan, stage.role, schedule.sampler) if plan is not None else None
+        cache = StageCache(plan, stage.role, stage.name) if plan is not None else None
         if cache is not None:
             cache.attach(stage.model)
         started = time.perf_counter()
-        out = run_stage(stage, schedule, positive, negative, out, seed)
-        record.seconds[stage.role] = round(time.perf_counter() - started, 4)
-        record.calls[stage.role], record.forward_passes[stage.role] = calls.calls, calls.prompts
-        per_step = cache.per_step if cache is not None else [1] * stage.steps
-        record.steps += [StepRecord(index=stage.start_step + i, sigma=schedule.sigmas[stage.start_step + i],
-                                    expert=stage.role, evaluations=n) for i, n in enumerate(per_step)]
+        out = run_stage(stage, schedule.sampler, schedule.scheduler, positive, negative, out, seed)
+        record.seconds[stage.name] = round(time.perf_counter() - started, 4)
+        record.calls[stage.name], record.forward_passes[stage.name] = calls.calls, calls.prompts
+        per_step = cache.per_step if cache is not None else [1] * (len(stage.sigmas) - 1)
+        record.steps += [StepRecord(index=len(record.steps) + i, sigma=stage.sigmas[i], expert=stage.role,
+                                    evaluations=n, stage=stage.name) for i, n in enumerate(per_step)]
         if cache is not None:
-            record.cache[stage.role] = core_cache.statistics(
-                plan, stage.role, cache.summary, cache.config.strify(), cache.evaluations, cache.cfg_batching,
-                cache.pass_order, calls.calls, cache.block_forwards, experts.architecture.num_layers)
+            record.cache[stage.name] = cache.statistics(experts.architecture.num_layers)
     return out, record

@@ -1,12 +1,12 @@
 """Two small routes on ComfyUI's server for the canvas.
 
-- `POST /wan22/split`: the split each schedule node of the graph on screen will run, before anything is
-  queued. The canvas sends the API prompt the frontend itself makes of the graph (subgraphs flattened, every
-  widget value resolved) and the ids of its schedule nodes; the server reads the experts behind each one out
-  of that prompt the way the nodes read it when they run, and counts the split with the schedule node's own
-  function.
+- `POST /wan22/split`: the split each schedule node (and lead stage node) of the graph on screen will run,
+  before anything is queued. The canvas sends the API prompt the frontend itself makes of the graph
+  (subgraphs flattened, every widget value resolved) and the ids of its schedule nodes; the server reads
+  the experts behind each one out of that prompt the way the nodes read it when they run, and counts the
+  split with the schedule node's own function.
 - `GET /wan22/canvas`: what the canvas needs to know of the nodes (the old sampler names a saved workflow may
-  show), so that the frontend restates none of it.
+  show, the nodes that show a split), so that the frontend restates none of it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from server import PromptServer
 
 import nodes as comfyui_nodes
 
-from . import sigmas
+from . import schedule_nodes, sigmas
 from .core import diffusers_folder as folders
 from .core import experts as core_experts
 from .core import schedule as core_schedule
@@ -84,11 +84,41 @@ def loaded_experts(prompt: dict, node_id: str) -> tuple[bool, bool, float, bool]
     raise Wan22InputError("experts", "connect the experts input to a Wan2.2 expert loader")
 
 
+SPLIT_NODES = ("Wan22Schedule", "Wan22LeadStage")  # the nodes whose split the canvas shows
+
+
 def split_of(prompt: dict, node_id: str) -> dict:
-    """What the schedule node `node_id` of the prompt will run."""
-    if class_type(prompt, node_id) != "Wan22Schedule":
-        raise Wan22InputError("nodes", f"{str(node_id)[:40]!r} is not a Wan2.2 Boundary & Flow Shift node of the "
-                                       "prompt")
+    """What the schedule node (or lead stage node) `node_id` of the prompt will run."""
+    schedule, known = schedule_of(prompt, node_id)
+    return {**schedule_nodes.split_ui(schedule), "boundary_known": known, "summary": schedule.summary()}
+
+
+def schedule_of(prompt: dict, node_id: str):
+    """The schedule node `node_id` of the prompt makes (or the lead stage node makes of its schedule), and
+    whether the model's boundary was read off the files."""
+    kind = class_type(prompt, node_id)
+    if kind == "Wan22LeadStage":
+        inputs = node_inputs(prompt, node_id)
+        upstream = inputs.get("schedule")
+        if not is_link(upstream) or class_type(prompt, upstream[0]) != "Wan22Schedule":
+            raise Wan22InputError("schedule", "connect a Wan2.2 Boundary & Flow Shift node to see the split")
+        schedule, known = main_schedule_of(prompt, upstream[0])
+        lead_source = experts_source(prompt, node_id, passes_experts)
+        if lead_source is not None and not loaded_experts(prompt, lead_source)[0]:
+            raise Wan22InputError("experts", "the lead stage runs the high-noise expert, but these experts have none")
+        try:
+            steps, start, cfg = (int(widget_value(inputs, "lead_steps")), int(widget_value(inputs, "start_step")),
+                                 float(widget_value(inputs, "cfg")))
+        except (TypeError, ValueError):
+            raise Wan22InputError("lead_steps", "lead_steps, start_step and cfg must be numbers") from None
+        return schedule_nodes.lead_schedule(schedule, None, steps, start, cfg), known
+    if kind != "Wan22Schedule":
+        raise Wan22InputError("nodes", f"{str(node_id)[:40]!r} is not a Wan2.2 Boundary & Flow Shift or Lead Stage "
+                                       "node of the prompt")
+    return main_schedule_of(prompt, node_id)
+
+
+def main_schedule_of(prompt: dict, node_id: str):
     source = experts_source(prompt, node_id, passes_experts)
     if source is None:
         raise Wan22InputError("experts", "connect a Wan2.2 expert loader to see the split")
@@ -106,8 +136,7 @@ def split_of(prompt: dict, node_id: str) -> dict:
                                      sampler=values["sampler"],
                                      scheduler=values["scheduler"] or core_schedule.DEFAULT_SCHEDULER, steps=steps,
                                      flow_shift=flow_shift, custom_ratio=custom)
-    return {"high": schedule.high_steps, "low": schedule.low_steps, "boundary_ratio": schedule.boundary.ratio,
-            "boundary_source": schedule.boundary.source, "boundary_known": known, "summary": schedule.summary()}
+    return schedule, known
 
 
 @PromptServer.instance.routes.post(ROUTE)
@@ -133,4 +162,4 @@ async def split(request: web.Request) -> web.Response:
 @PromptServer.instance.routes.get(CANVAS_ROUTE)
 async def canvas(_request: web.Request) -> web.Response:
     return web.json_response({"old_samplers": {old: new for old, new in core_schedule.OLD_SAMPLERS.items()
-                                               if old != new}})
+                                               if old != new}, "split_nodes": list(SPLIT_NODES)})

@@ -93,9 +93,80 @@ class Wan22Schedule(io.ComfyNode):
         schedule = sigmas.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
                                          model_default=experts.default_boundary, sampler=sampler, scheduler=scheduler,
                                          steps=steps, flow_shift=flow_shift, custom_ratio=custom)
-        ui = {"text": [schedule.summary()],
-              "split": [{"high": schedule.high_steps, "low": schedule.low_steps,
-                         "boundary_ratio": schedule.boundary.ratio, "boundary_source": schedule.boundary.source}]}
+        ui = {"text": [schedule.summary()], "split": [split_ui(schedule)]}
         return io.NodeOutput(schedule, schedule.high_steps, schedule.low_steps,
                              torch.tensor(schedule.stage_sigmas("high")), torch.tensor(schedule.stage_sigmas("low")),
                              ui=ui)
+
+
+LEAD_DEFAULTS = {"lead_steps": 24, "start_step": 1, "cfg": 3.5}  # the three-stage LightX2V recipe at 8 steps
+
+
+def lead_schedule(schedule, experts, lead_steps: int, start_step: int, cfg: float):
+    """The schedule with a lead stage on `experts`' high-noise expert: the one way it is made, for the node
+    and for the canvas's live split."""
+    core.check_lead_inputs(schedule, steps=lead_steps, start_step=start_step, cfg=cfg)
+    lead_sigmas = sigmas.run_sigmas(schedule.sampler, schedule.scheduler, lead_steps, schedule.flow_shift)
+    return core.add_lead(schedule, lead_sigmas=lead_sigmas.tolist(), steps=lead_steps, start_step=start_step, cfg=cfg,
+                         source=experts.sources[0] if experts is not None else "MODEL",
+                         model=experts.high if experts is not None else None,
+                         architecture=experts.architecture if experts is not None else None)
+
+
+def split_ui(schedule) -> dict:
+    """The split the canvas shows for a schedule (with its lead stage, if any)."""
+    split = {"high": schedule.high_steps, "low": schedule.low_steps, "boundary_ratio": schedule.boundary.ratio,
+             "boundary_source": schedule.boundary.source}
+    if schedule.lead is not None:
+        counts = schedule.stage_steps()
+        split.update({stage: counts.get(stage, 0) for stage in core.STAGES}, lead_steps=schedule.lead.steps,
+                     start_step=schedule.lead.start_step, hand_off_exact=schedule.lead.exact)
+    return split
+
+
+class Wan22LeadStage(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="Wan22LeadStage",
+            display_name="Wan2.2 Lead Stage (three stages)",
+            category=CATEGORY,
+            description="Puts a lead stage in front of a schedule, for the three-stage LightX2V recipe: the high-noise "
+                        "expert without the LoRAs, at its own CFG, steps a finer schedule of its own (same sampler, "
+                        "scheduler and flow shift) until its sigma reaches the one the main schedule's start_step "
+                        "starts from; the main schedule then runs from that step, split at the boundary. Where no "
+                        "lead sigma equals it, the lead's last step ends exactly there (the node text says so).",
+            inputs=[
+                ScheduleType.Input("schedule", tooltip="The main schedule, from Wan2.2 Boundary & Flow Shift (e.g. "
+                                                       "8 LightX2V steps, shift 5)."),
+                ExpertsType.Input("experts", tooltip="The experts whose high-noise expert runs the lead: connect "
+                                                     "the handle from before the LoRA node (without the LoRAs)."),
+                io.Int.Input("lead_steps", default=LEAD_DEFAULTS["lead_steps"], min=1, max=core.MAX_LEAD_STEPS,
+                             tooltip="Steps of the lead's own finer schedule; it runs only its first ones, down to "
+                                     "the main start. 24 with 8 main steps: 3 lead steps cover the main's first."),
+                io.Int.Input("start_step", default=LEAD_DEFAULTS["start_step"], min=1, max=core.MAX_STEPS - 1,
+                             tooltip="The main schedule's step where the lead hands over; the main schedule's steps "
+                                     "before it are the lead's. LightX2V recipe: 1."),
+                io.Float.Input("cfg", default=LEAD_DEFAULTS["cfg"], min=0.0, max=30.0, step=0.1, round=0.01,
+                               tooltip="CFG scale of the lead stage (its negative prompt gives the motion back). "
+                                       "Recipe: 3.5."),
+            ],
+            outputs=[
+                ScheduleType.Output(display_name="schedule", tooltip="The schedule with the lead stage, for the "
+                                                                     "sampler."),
+                io.Sigmas.Output(display_name="sigmas_lead", tooltip="The lead stage's sigmas, for a native "
+                                                                    "SamplerCustomAdvanced (adds the noise)."),
+                io.Sigmas.Output(display_name="sigmas_high", tooltip="The main high-noise stage's sigmas (add no "
+                                                                    "noise)."),
+                io.Sigmas.Output(display_name="sigmas_low", tooltip="The low-noise stage's sigmas (add no noise)."),
+            ],
+        )
+
+    @classmethod
+    def execute(cls, schedule, experts, lead_steps, start_step, cfg) -> io.NodeOutput:
+        if not experts.has_high:
+            raise Wan22InputError("experts", "the lead stage runs the high-noise expert, but these experts have "
+                                             "none: connect experts with a high-noise expert")
+        led = lead_schedule(schedule, experts, lead_steps, start_step, cfg)
+        ui = {"text": [led.summary()], "split": [split_ui(led)]}
+        return io.NodeOutput(led, *(torch.tensor(led.stage_sigmas(stage)) for stage in core.STAGES), ui=ui)

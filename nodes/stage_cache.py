@@ -7,23 +7,29 @@ ComfyUI has loaded and patched the weights) and removed when it ends, also after
 interrupt. Each of cache-dit's traps that this avoids is marked where it does.
 
 What the cache must know about the stage it learns from the calls its wrappers see, never from a copy of
-ComfyUI's own rules: the sigmas at the stage's sample call, the prompts at its first evaluation, and how
-ComfyUI batches them at its first transformer call. What it saw first must hold for the whole stage.
+ComfyUI's own rules: the sigmas and the sampler at the stage's sample call, the prompts at its first
+evaluation, and how ComfyUI batches them at its first transformer call. What it saw first must hold for the
+whole stage. The same lifecycle serves the pack's sampler (one StageCache per stage) and the Cache-DiT MODEL
+node (one StageCache on the MODEL, reset at each sample call: each KSampler's call is a stage).
 """
 
 from __future__ import annotations
 
 import comfy.patcher_extension
 
+import comfy.samplers
+
 from .core import cache as core
 from .core.errors import Wan22InputError
-from .core.experts import ROLE_WORDS
 from .core.logs import quiet_cache_dit
+from .core.schedule import STAGE_WORDS
 from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices
 
 KEY = "wan22_cache_dit"
 WrappersMP = comfy.patcher_extension.WrappersMP
 TURN_OFF = "set enabled to false on the Wan2.2 Cache-DiT node"
+CARRIERS = {"lead": "lead stage's high-noise expert", "high": "high-noise expert", "low": "low-noise expert",
+            "model": "MODEL"}
 
 
 def block_patches(transformer_options: dict) -> list[str]:
@@ -36,12 +42,42 @@ def block_patches(transformer_options: dict) -> list[str]:
     return found
 
 
-def refuse_block_patches(transformer_options: dict, role: str) -> None:
+def refuse_block_patches(transformer_options: dict, stage: str, turn_off: str = TURN_OFF) -> None:
     found = block_patches(transformer_options)
     if found:
-        raise Wan22InputError("enabled", f"the {ROLE_WORDS[role]} expert carries per-block model patches "
+        raise Wan22InputError("enabled", f"the {CARRIERS[stage]} carries per-block model patches "
                                          f"({', '.join(found[:3])}) that Wan2.2 Cache-DiT's cached block loop would "
-                                         f"drop: {TURN_OFF}, or remove the node that patches the model's blocks")
+                                         f"drop: {turn_off}, or remove the node that patches the model's blocks")
+
+
+def sampler_names(sampler) -> list[str]:
+    """The names of ComfyUI's samplers that `sampler` (the KSAMPLER whose sample call a SAMPLER_SAMPLE wrapper
+    wraps) can be, matched by its sampling function against what ComfyUI's own `sampler_object` builds for
+    each name. It is the only witness of the sampler inside a graph that the pack did not build (a
+    KSamplerAdvanced, a SamplerCustomAdvanced with KSamplerSelect)."""
+    function = getattr(sampler, "sampler_function", None)
+    if function is None:
+        return []
+    names = []
+    for name in comfy.samplers.KSampler.SAMPLERS:
+        known = getattr(comfy.samplers.sampler_object(name), "sampler_function", None)
+        # by identity, or by name for the functions ComfyUI defines anew on each call (dpm_fast, dpm_adaptive)
+        if known is function or (getattr(known, "__qualname__", None), getattr(known, "__module__", None)) == (
+                getattr(function, "__qualname__", ""), getattr(function, "__module__", "")):
+            names.append(name)
+    return names
+
+
+def evaluations_of(sampler, sigmas: list[float], stage: str, turn_off: str = TURN_OFF) -> list[int]:
+    """The transformer evaluations of each step of a sample call, from the sampler it runs and its sigmas."""
+    names = sampler_names(sampler)
+    counts = {tuple(core.evaluations_per_step(name, sigmas)) for name in names}
+    if len(counts) != 1:
+        what = getattr(getattr(sampler, "sampler_function", None), "__name__", type(sampler).__name__)
+        raise Wan22InputError("enabled", f"the {STAGE_WORDS[stage]} stage runs a sampler ({what}) that is not one of "
+                                         "ComfyUI's KSampler samplers, so Cache-DiT cannot know how often it calls "
+                                         f"the expert and size its context: use a KSampler sampler, or {turn_off}")
+    return list(counts.pop())
 
 
 def describe_calls(calls) -> str:
@@ -59,8 +95,9 @@ class StageCache:
       then keeps a residual stream per prompt, in the order ComfyUI calls them (`pass_order`).
     A stage whose prompts or batching change after that is stopped rather than cached wrongly."""
 
-    def __init__(self, plan: core.CachePlan, role: str, sampler: str):
-        self.plan, self.role, self.sampler = plan, role, sampler
+    def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF):
+        self.plan, self.role, self.stage = plan, role, stage or role  # role: the expert whose settings apply
+        self.turn_off = turn_off  # what the user can do when the cache cannot follow a stage
         self.per_step: list[int] = []
         self.evaluations = 0
         self.config = None
@@ -74,12 +111,14 @@ class StageCache:
         self.calls_now = None  # ... of the evaluation in progress (None outside an evaluation)
         self.evaluations_seen = 0
         self.diffusion_model = None
+        self.installed = False
         self.block_forwards = 0
+        self.calls = 0  # transformer calls
         self.summary = None
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
-        refuse_block_patches(model.model_options.get("transformer_options", {}), self.role)
+        refuse_block_patches(model.model_options.get("transformer_options", {}), self.stage, self.turn_off)
         model.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, KEY, self.sampler_sample)
         model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY, self.calc_cond_batch)
         model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, self.diffusion_model_call)
@@ -92,16 +131,20 @@ class StageCache:
         self._reset()
         guider = call_argument(executor, args, kwargs, "model_wrap")
         sigmas = call_argument(executor, args, kwargs, "sigmas")
-        self.per_step = core.evaluations_per_step(self.sampler, [float(s) for s in sigmas])
+        self.per_step = evaluations_of(executor.class_obj, [float(s) for s in sigmas], self.stage, self.turn_off)
         self.evaluations = sum(self.per_step)
         self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=False)
         self.diffusion_model = guider.model_patcher.model.diffusion_model
+        # A stage whose evaluations are all warm-up (or capped at 0) could cache nothing: it runs without
+        # cache-dit, and its report says why (core.skip_note).
+        self.installed = core.skippable_steps(self.plan, self.role, self.evaluations) > 0
         counters = []
         try:
-            install(self.diffusion_model, self.config, self.plan.calibrator_config())
+            if self.installed:
+                install(self.diffusion_model, self.config, self.plan.calibrator_config())
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
-            self.summary = summary_of(self.diffusion_model)
+            self.summary = summary_of(self.diffusion_model) if self.installed else None
             return out
         finally:
             for counter in counters:
@@ -116,7 +159,7 @@ class StageCache:
     def calc_cond_batch(self, executor, *args, **kwargs):
         conds = call_argument(executor, args, kwargs, "conds")
         model_options = call_argument(executor, args, kwargs, "model_options")
-        refuse_block_patches(model_options.get("transformer_options", {}), self.role)
+        refuse_block_patches(model_options.get("transformer_options", {}), self.stage, self.turn_off)
         present = tuple(i for i, cond in enumerate(conds) if cond is not None)
         if self.prompts is None:
             self.prompts = present
@@ -141,7 +184,7 @@ class StageCache:
 
     def diffusion_model_call(self, executor, *args, **kwargs):
         options = call_argument(executor, args, kwargs, "transformer_options")
-        refuse_block_patches(options, self.role)  # patches that come with a prompt's conditioning
+        refuse_block_patches(options, self.stage, self.turn_off)  # patches that come with a prompt's conditioning
         order = prompt_indices(options)
         calls = self.calls_now
         if calls is None:
@@ -158,6 +201,7 @@ class StageCache:
                                f"this step, where its first step had {describe_calls(self.pattern or calls)} "
                                "(ComfyUI batches the prompts by free memory, which changed)")
         calls.append(order)
+        self.calls += 1
         return executor(*args, **kwargs)
 
     def decide_batching(self, order: tuple[int, ...]) -> None:
@@ -171,14 +215,22 @@ class StageCache:
             # cache-dit's separate CFG keeps one residual stream for the even calls and one for the odd ones,
             # each with its own difference (cfg_diff_compute_separate), so it pairs ComfyUI's calls as they come.
             self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=True)
-            refresh(self.diffusion_model, self.config, self.plan.calibrator_config())
+            if self.installed:
+                refresh(self.diffusion_model, self.config, self.plan.calibrator_config())
         else:
             raise self.changed(f"its first call carried {describe_calls([order])} of the prompts "
                                f"{describe_calls([self.prompts])}")
 
     def changed(self, what: str) -> Wan22InputError:
-        return Wan22InputError("enabled", f"Cache-DiT cannot follow the {ROLE_WORDS[self.role]} stage: it saw {what}. "
-                                          f"Run the prompt again, or {TURN_OFF}")
+        return Wan22InputError("enabled", f"Cache-DiT cannot follow the {STAGE_WORDS[self.stage]} stage: it saw "
+                                          f"{what}. Run the prompt again, or {self.turn_off}")
+
+    def statistics(self, layers: int) -> dict:
+        """The stage's entry in a report, once it has run."""
+        stats = core.statistics(self.plan, self.role, self.summary, self.config.strify(), self.evaluations,
+                                self.cfg_batching, self.pass_order, self.calls, self.block_forwards, layers)
+        stats["cached"] = self.installed  # False: the stage ran without cache-dit (its note says why)
+        return stats
 
 
 def install(diffusion_model, config, calibrator_config) -> None:

@@ -160,10 +160,14 @@ def skippable_steps(plan: CachePlan, role: str, evaluations: int) -> int:
 
 def skip_note(plan: CachePlan, role: str, evaluations: int) -> str:
     """A plain sentence on what the cache can do for one expert in this run."""
-    could, warm = skippable_steps(plan, role, evaluations), plan.settings(role).warmup_steps
+    could, settings = skippable_steps(plan, role, evaluations), plan.settings(role)
+    if could == 0 and settings.max_cached_steps == 0:
+        return (f"run without the cache: {role}_max_cached_steps is 0, so none of the {ROLE_WORDS[role]} expert's "
+                f"{evaluations} steps may be cached")
     if could == 0:
-        return (f"the cache can skip none of the {ROLE_WORDS[role]} expert's {evaluations} steps: its first {warm} "
-                f"are warm-up, computed in full (lower {role}_warmup_steps, or leave Cache-DiT off at so few steps)")
+        return (f"run without the cache: it could skip none of the {ROLE_WORDS[role]} expert's {evaluations} steps, "
+                f"as its first {settings.warmup_steps} are warm-up, computed in full (lower {role}_warmup_steps, or "
+                "leave Cache-DiT off at so few steps)")
     return f"the cache can skip at most {could} of the {ROLE_WORDS[role]} expert's {evaluations} steps"
 
 

@@ -7,8 +7,10 @@ from them with one routing rule, `Boundary.routes_high`, so nothing computes the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import Wan22InputError
 
@@ -123,9 +125,58 @@ def count_split(sigmas, boundary: Boundary) -> tuple[int, int]:
     return high, steps - high
 
 
+STAGES = ("lead", "high", "low")  # in the order a run goes through them
+STAGE_WORDS = {"lead": "lead", "high": "high-noise", "low": "low-noise", "model": "sampled"}
+MAX_LEAD_STEPS = MAX_STEPS
+
+
+def lead_hand_off(lead_sigmas, main_start: float) -> tuple[int, bool]:
+    """Where a lead stage on its own finer schedule (`lead_sigmas`, N + 1 values) hands over to the main
+    schedule at the sigma `main_start`: (the lead steps it runs, whether its last step lands on
+    `main_start` exactly). It runs until its sigma reaches `main_start`; where no sigma of its own equals it,
+    its last step goes from its last sigma above `main_start` to `main_start`, a step of its own size."""
+    main_start = float(main_start)
+    for i, sigma in enumerate(lead_sigmas):
+        if i > 0 and float(sigma) <= main_start:
+            return i, float(sigma) == main_start
+    raise Wan22InputError("lead_steps", "the lead schedule never reaches the main schedule's start sigma")
+
+
+@dataclass(frozen=True)
+class LeadStage:
+    """A stage before the main schedule, on the high-noise expert of another handle (usually the one without
+    the LoRAs) with its own CFG, stepping a finer schedule of its own (same sampler, scheduler and shift)
+    until it reaches the sigma the main schedule's step `start_step` starts from."""
+
+    steps: int  # steps of the lead's own schedule
+    start_step: int  # the main schedule's step the lead hands over to
+    cfg: float
+    sigmas: tuple[float, ...]  # the lead's own schedule, every step (N + 1)
+    main_start: float  # the sigma the main schedule's step `start_step` starts from
+    end_step: int  # the lead steps run (its schedule's steps 0 to end_step)
+    exact: bool  # its last step lands on the main start sigma exactly (else a last step of its own size)
+    source: str = "MODEL"  # what the lead expert came from, for the report
+    model: Any = dataclasses.field(default=None, repr=False, compare=False)  # the lead's high-noise MODEL
+    architecture: Any = dataclasses.field(default=None, compare=False)
+
+    def stage_sigmas(self) -> tuple[float, ...]:
+        """The sigmas the lead steps through: its own down to the main start sigma, which ends them."""
+        return self.sigmas[: self.end_step] + (self.main_start,)
+
+    def hand_off(self) -> str:
+        """How the lead hands over, in words (the report and the node's text say it)."""
+        if self.exact:
+            return (f"exact: the lead's step {self.end_step} of {self.steps} is the main schedule's step "
+                    f"{self.start_step} (sigma {self.main_start:.6g}), as three KSamplerAdvanced run it")
+        return (f"no sigma of the lead's {self.steps}-step schedule is the main schedule's step {self.start_step} "
+                f"(sigma {self.main_start:.6g}): the lead's last step goes from {self.sigmas[self.end_step - 1]:.6g} "
+                f"to {self.main_start:.6g}, a step of its own size, as SamplerCustomAdvanced on those sigmas runs it")
+
+
 @dataclass(frozen=True)
 class RunSchedule:
-    """The WAN22_SCHEDULE handle: what one run will do, as a value."""
+    """The WAN22_SCHEDULE handle: what one run will do, as a value. `split` is the main schedule's split at
+    the boundary; with a lead stage, the main schedule starts at the lead's `start_step`."""
 
     sampler: str
     scheduler: str
@@ -137,6 +188,7 @@ class RunSchedule:
     has_high: bool
     has_low: bool
     model_default: float
+    lead: LeadStage | None = None
 
     @property
     def high_steps(self) -> int:
@@ -146,15 +198,84 @@ class RunSchedule:
     def low_steps(self) -> int:
         return self.split[1]
 
-    def stage_sigmas(self, role: str) -> tuple[float, ...]:
-        """The sigmas of one expert's stage, as ComfyUI's SplitSigmas cuts them at the switch."""
-        switch = self.high_steps
-        return self.sigmas[: switch + 1] if role == "high" else self.sigmas[switch:]
+    @property
+    def main_start(self) -> int:
+        """The main schedule's first step: 0, or where a lead stage hands over."""
+        return self.lead.start_step if self.lead is not None else 0
+
+    def stage_bounds(self, stage: str) -> tuple[int, int]:
+        """(first step, end step) of a main-schedule stage, in the main schedule's steps."""
+        switch = max(self.high_steps, self.main_start)
+        return (self.main_start, switch) if stage == "high" else (switch, self.steps)
+
+    def stage_steps(self) -> dict[str, int]:
+        """The steps each stage of the run takes, in run order; a stage with none is left out."""
+        counts = {"lead": self.lead.end_step} if self.lead is not None else {}
+        for stage in ("high", "low"):
+            start, end = self.stage_bounds(stage)
+            counts[stage] = end - start
+        return {stage: n for stage, n in counts.items() if n > 0}
+
+    def stage_sigmas(self, stage: str) -> tuple[float, ...]:
+        """The sigmas of one stage: the lead's own, or the main schedule's as ComfyUI's SplitSigmas cuts them at
+        the lead's hand-off and at the switch."""
+        if stage == "lead":
+            return self.lead.stage_sigmas() if self.lead is not None else ()
+        start, end = self.stage_bounds(stage)
+        return self.sigmas[start: end + 1]
+
+    def with_lead(self, lead: LeadStage | None) -> "RunSchedule":
+        return dataclasses.replace(self, lead=lead)
+
+    def split_words(self) -> str:
+        counts = self.stage_steps()
+        words = []
+        if self.lead is not None:
+            words.append(f"{counts.get('lead', 0)} lead (of {self.lead.steps})")
+        words += [f"{counts.get(stage, 0)} {stage}" for stage in ("high", "low")]
+        return " / ".join(words)
 
     def summary(self) -> str:
         ratio = "pinned" if self.boundary.ratio is None else f"{self.boundary.ratio:g}"
-        return (f"{self.sampler}/{self.scheduler}, {self.steps} steps, shift {self.flow_shift:g}, boundary {ratio} "
-                f"({self.boundary.source}): {self.high_steps} high / {self.low_steps} low")
+        text = (f"{self.sampler}/{self.scheduler}, {self.steps} steps, shift {self.flow_shift:g}, boundary {ratio} "
+                f"({self.boundary.source}): ")
+        if self.lead is None:
+            return text + f"{self.high_steps} high / {self.low_steps} low"
+        return (text + f"{self.split_words()}; main from step {self.lead.start_step}, lead at CFG "
+                       f"{self.lead.cfg:g}; hand-off {self.lead.hand_off()}")
+
+
+def add_lead(schedule: RunSchedule, *, lead_sigmas, steps: int, start_step: int, cfg: float, source: str = "MODEL",
+             model=None, architecture=None) -> RunSchedule:
+    """The schedule with a lead stage in front: `lead_sigmas` are the lead's own schedule (`steps` + 1)."""
+    check_lead_inputs(schedule, steps=steps, start_step=start_step, cfg=cfg)
+    lead_sigmas = tuple(float(s) for s in lead_sigmas)
+    if len(lead_sigmas) != int(steps) + 1:
+        raise ValueError(f"{len(lead_sigmas)} lead sigmas for {steps} steps")
+    main_start = schedule.sigmas[int(start_step)]
+    end_step, exact = lead_hand_off(lead_sigmas, main_start)
+    return schedule.with_lead(LeadStage(steps=int(steps), start_step=int(start_step), cfg=float(cfg),
+                                        sigmas=lead_sigmas, main_start=main_start, end_step=end_step, exact=exact,
+                                        source=source, model=model, architecture=architecture))
+
+
+def check_lead_inputs(schedule: RunSchedule | None, *, steps=None, start_step=None, cfg=None) -> None:
+    """Refuses a lead stage that cannot run, naming the lead node's input."""
+    if steps is not None and not (1 <= int(steps) <= MAX_LEAD_STEPS):
+        raise Wan22InputError("lead_steps", f"{steps} is out of range: use between 1 and {MAX_LEAD_STEPS} steps")
+    if cfg is not None and not (math.isfinite(float(cfg)) and float(cfg) >= 0):
+        raise Wan22InputError("cfg", f"{cfg} is not allowed: use a CFG scale of 0 or more (3.5 for the lead)")
+    if schedule is None or start_step is None:
+        return
+    if schedule.lead is not None:
+        raise Wan22InputError("schedule", "this schedule already has a lead stage: connect the Boundary & Flow Shift "
+                                          "node's schedule, not another lead stage's")
+    if not schedule.has_high:
+        raise Wan22InputError("schedule", "a lead stage runs the high-noise expert before the main schedule, but "
+                                          "this schedule's experts have no high-noise expert")
+    if not (1 <= int(start_step) < schedule.steps):
+        raise Wan22InputError("start_step", f"{start_step} is out of range: the main schedule has {schedule.steps} "
+                                            f"steps, so hand over at a step between 1 and {schedule.steps - 1}")
 
 
 def build_schedule(*, sampler: str, scheduler: str, steps: int, flow_shift: float, sigmas, has_high: bool,

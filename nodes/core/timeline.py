@@ -8,7 +8,7 @@ from PIL import Image, ImageDraw, ImageFont
 from .report import RunRecord
 from .schedule import RunSchedule
 
-COLOURS = {"high": (232, 139, 44), "low": (66, 135, 245)}
+COLOURS = {"lead": (214, 92, 170), "high": (232, 139, 44), "low": (66, 135, 245)}
 BACKGROUND, AXIS, TEXT, BOUNDARY = (24, 24, 28), (90, 90, 100), (225, 225, 230), (230, 80, 80)
 
 
@@ -27,11 +27,11 @@ def render_timeline(schedule: RunSchedule, record: RunRecord, width: int = 768, 
     def y_of(sigma: float) -> float:
         return plot_bottom - sigma * (plot_bottom - top)
 
-    high, low = record.split
+    counts = schedule.stage_steps()
     ratio = "pinned" if schedule.boundary.ratio is None else f"{schedule.boundary.ratio:g}"
     draw.text((left, 8), f"{schedule.sampler}/{schedule.scheduler}, {schedule.steps} steps, shift "
-                         f"{schedule.flow_shift:g}, boundary {ratio} ({schedule.boundary.source}): {high} high / "
-                         f"{low} low", fill=TEXT, font=font)
+                         f"{schedule.flow_shift:g}, boundary {ratio} ({schedule.boundary.source}): "
+                         f"{schedule.split_words()}", fill=TEXT, font=font)
     draw.line([(left, top), (left, plot_bottom), (right, plot_bottom)], fill=AXIS)
     for s in (0.0, 0.5, 1.0):
         draw.text((8, y_of(s) - 6), f"{s:.1f}", fill=TEXT, font=font)
@@ -46,25 +46,28 @@ def render_timeline(schedule: RunSchedule, record: RunRecord, width: int = 768, 
         draw.line(points, fill=TEXT, width=2)
     for step, (x, y) in zip(record.steps, points):
         r = 3
-        draw.ellipse([x - r, y - r, x + r, y + r], fill=COLOURS[step.expert])
+        draw.ellipse([x - r, y - r, x + r, y + r], fill=COLOURS[step.stage])
     # One cell per step: which expert ran it; a cached step is drawn pale with a dark centre line.
     band_top = plot_bottom + 12
     for step, cached in zip(record.steps, record.cached_flags()):
         x0, x1 = left + step.index * step_w + 1, left + step.index * step_w + max(step_w - 1, 1)
-        colour = COLOURS[step.expert]
+        colour = COLOURS[step.stage]
         if cached:
             colour = tuple((c + 255) // 2 for c in colour)
         draw.rectangle([x0, band_top, x1, band_top + 18], fill=colour)
         if cached:
             draw.line([(x0, band_top + 9), (x1, band_top + 9)], fill=BACKGROUND, width=3)
-    draw.text((left, band_top + 26), "expert per step:", fill=TEXT, font=font)
-    draw.rectangle([left + 110, band_top + 27, left + 122, band_top + 37], fill=COLOURS["high"])
-    draw.text((left + 128, band_top + 26), f"high noise ({high})", fill=TEXT, font=font)
-    draw.rectangle([left + 250, band_top + 27, left + 262, band_top + 37], fill=COLOURS["low"])
-    draw.text((left + 268, band_top + 26), f"low noise ({low})", fill=TEXT, font=font)
+    draw.text((left, band_top + 26), "stage per step:", fill=TEXT, font=font)
+    x = left + 110
+    legend = [("lead", f"lead ({counts.get('lead', 0)})")] if schedule.lead is not None else []
+    legend += [("high", f"high noise ({counts.get('high', 0)})"), ("low", f"low noise ({counts.get('low', 0)})")]
+    for stage, words in legend:
+        draw.rectangle([x, band_top + 27, x + 12, band_top + 37], fill=COLOURS[stage])
+        draw.text((x + 18, band_top + 26), words, fill=TEXT, font=font)
+        x += 130
     cached_count = sum(record.cached_flags())
     if record.cache and any("cached_steps" in s for s in record.cache.values()):
-        draw.line([(left + 380, band_top + 32), (left + 392, band_top + 32)], fill=TEXT, width=3)
-        draw.text((left + 398, band_top + 26), f"cached ({cached_count} of {len(record.steps)} steps)",
+        draw.line([(x, band_top + 32), (x + 12, band_top + 32)], fill=TEXT, width=3)
+        draw.text((x + 18, band_top + 26), f"cached ({cached_count} of {len(record.steps)} steps)",
                   fill=TEXT, font=font)
     return np.array(image, dtype=np.uint8)

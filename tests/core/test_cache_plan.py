@@ -77,7 +77,10 @@ def test_a_sampler_whose_calls_cannot_be_known_is_refused_with_the_cache_on(samp
 def test_what_the_cache_can_skip_is_said_plainly_for_few_steps():
     plan = C.CachePlan()
     assert C.skippable_steps(plan, "high", 2) == 0 and C.skippable_steps(plan, "low", 2) == 0
-    assert "can skip none of the high-noise expert's 2 steps: its first 4 are warm-up" in C.skip_note(plan, "high", 2)
+    assert ("run without the cache: it could skip none of the high-noise expert's 2 steps, as its first 4 are "
+            "warm-up") in C.skip_note(plan, "high", 2)
+    capped = C.CachePlan(low=C.ExpertCacheSettings(warmup_steps=0, max_cached_steps=0))
+    assert "low_max_cached_steps is 0" in C.skip_note(capped, "low", 20)
     assert C.skippable_steps(plan, "high", 26) == 22 and C.skippable_steps(plan, "low", 40) == 20  # low: M20
 
 

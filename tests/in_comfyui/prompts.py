@@ -166,6 +166,70 @@ def one_ksampler_prompt(name, text_folder, *, sampler="euler", scheduler="simple
             "18": {"class_type": "PreviewAny", "inputs": {"source": ["17", 0]}}}
 
 
+def cache_model_node(model_from, **overrides):
+    """Wan2.2 Cache-DiT (MODEL) on one MODEL, with the sampler's default plan for one expert unless told."""
+    plan = CachePlan().node_inputs()
+    inputs = {k: plan[k] for k in ("residual_diff_threshold", "first_compute_blocks", "last_compute_blocks",
+                                   "max_continuous_cached_steps", "calibrator")}
+    inputs.update(warmup_steps=plan["high_warmup_steps"], max_cached_steps=plan["high_max_cached_steps"])
+    return {"class_type": "Wan22CacheDiTModel", "inputs": {"model": model_from, "enabled": True, **inputs,
+                                                              **overrides}}
+
+
+def with_model_caches(native: dict, high: dict | None = None, low: dict | None = None) -> dict:
+    """The template's graph with a Cache-DiT MODEL node ("60" high, "61" low) between each expert's MODEL
+    (after its LoRA) and its ModelSamplingSD3; None leaves an expert without one."""
+    p = dict(native)
+    for settings, shift_id, node_id in ((high, "14", "60"), (low, "15", "61")):
+        if settings is None:
+            continue
+        p[shift_id] = {**p[shift_id], "inputs": {**p[shift_id]["inputs"]}}
+        p[node_id] = cache_model_node(p[shift_id]["inputs"]["model"], **settings)
+        p[shift_id]["inputs"]["model"] = [node_id, 0]
+    return p
+
+
+# --- three stages: a lead stage ("41") in front of the main schedule ---
+
+def three_stage_prompt(tiny, *, lead_steps=24, start_step=1, lead_cfg=3.5, steps=8, flow_shift=5.0, sampler="euler",
+                       scheduler="simple", cfg=(1.0, 1.0), lora=True, cache=None, **run):
+    """The three-stage LightX2V recipe on our nodes: the lead on the loader's experts ("1", no LoRA), the
+    main stages on the LoRA node's ("40"), the lead node "41" between the schedule and the sampler."""
+    loras = tiny["loras"]
+    p = our_prompt(loader(*expert_files(tiny)), text_folder(tiny), sampler=sampler, scheduler=scheduler, steps=steps,
+                   flow_shift=flow_shift, cfg=cfg, cache=cache,
+                   lora={"high": loras["high"], "low": loras["low"]} if lora else None, **run)
+    p["41"] = lead_node(lead_steps=lead_steps, start_step=start_step, cfg=lead_cfg)
+    p["5"]["inputs"]["schedule"] = ["41", 0]
+    return p
+
+
+def lead_node(schedule_from="2", experts_from="1", lead_steps=24, start_step=1, cfg=3.5):
+    return {"class_type": "Wan22LeadStage",
+            "inputs": {"schedule": [schedule_from, 0], "experts": [experts_from, 0], "lead_steps": lead_steps,
+                       "start_step": start_step, "cfg": cfg}}
+
+
+def native_three_ksamplers(tiny, *, switch, lead_steps=24, lead_end=3, start_step=1, lead_cfg=3.5, steps=8,
+                           flow_shift=5.0, sampler="euler", scheduler="simple", cfg=(1.0, 1.0), seed=0, **run):
+    """The three-stage recipe as people build it by hand: the template's graph with the LightX2V LoRAs, and a
+    KSamplerAdvanced "20" in front on the high-noise expert without them ("21": its ModelSamplingSD3), steps 0
+    to `lead_end` of its own `lead_steps`; the main high stage "16" then runs from `start_step`."""
+    loras = tiny["loras"]
+    p = native_prompt(*expert_files(tiny), text_folder(tiny), switch=switch, sampler=sampler, scheduler=scheduler,
+                      steps=steps, flow_shift=flow_shift, seed=seed, cfg=cfg,
+                      loras={"high": (loras["high"], 1.0), "low": (loras["low"], 1.0)}, **run)
+    p["21"] = {"class_type": "ModelSamplingSD3", "inputs": {"model": ["10", 0], "shift": flow_shift}}
+    p["20"] = {"class_type": "KSamplerAdvanced",
+               "inputs": {**{k: p["16"]["inputs"][k] for k in ("noise_seed", "sampler_name", "scheduler", "positive",
+                                                                "negative")},
+                          "model": ["21", 0], "add_noise": "enable", "steps": lead_steps, "cfg": lead_cfg,
+                          "latent_image": ["4", 0], "start_at_step": 0, "end_at_step": lead_end,
+                          "return_with_leftover_noise": "enable"}}
+    p["16"]["inputs"].update(add_noise="disable", latent_image=["20", 0], start_at_step=start_step)
+    return p
+
+
 # --- running them ---
 
 def run_ok(comfyui, prompt, executor=None):

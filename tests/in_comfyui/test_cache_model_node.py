@@ -1,0 +1,89 @@
+"""Wan2.2 Cache-DiT (MODEL) in the official template's graph of ComfyUI's own samplers: each KSamplerAdvanced's
+sample call gets a context sized with its own evaluations (read from cache-dit while it runs), the node off is
+the template bit for bit, nothing stays on the models, and it gives what our sampler gives with the same plan."""
+
+import pytest
+import torch
+
+from wan22_cachedit.nodes.core.cache import CachePlan
+
+from .cache_state import context_sizes, leftovers
+from .prompts import (FINAL, expert_files, latent_of, loader, native_prompt, our_prompt, report_of, run_ok,
+                      text_folder, with_model_caches)
+
+SMALL = dict(width=32, height=32, length=1)
+TEMPLATE = dict(sampler="euler", scheduler="simple", steps=20, flow_shift=5.0, cfg=(3.5, 3.5), **SMALL)
+PERMISSIVE = {"residual_diff_threshold": 0.8}  # random weights: a high threshold so that steps are cached
+
+
+def unet_models(comfyui, executor=None) -> dict:
+    """The diffusion models of the template's two UNETLoaders ("10", "11") that have run: what every clone
+    runs."""
+    outputs = {role: comfyui.cached_output(node, executor) for role, node in (("high", "10"), ("low", "11"))}
+    return {role: out[0][0].model.diffusion_model for role, out in outputs.items() if out is not None}
+
+
+def template(tiny, switch, **run):
+    return native_prompt(*expert_files(tiny), text_folder(tiny), switch=switch, **{**TEMPLATE, **run})
+
+
+@pytest.mark.parametrize("switch, expected", [
+    (10, [10, 10]),  # the split the template types: steps 0-10 and 10-20
+    (9, [9, 11]),  # the split the boundary 0.875 gives on these sigmas (our schedule's)
+])
+def test_each_ksampleradvanced_gets_a_context_sized_with_its_own_evaluations(comfyui, tiny_models, progress_hook,
+                                                                              switch, expected):
+    executor = comfyui.new_executor()
+    seen = set()
+
+    def contexts_now(value, total, node):
+        models = unet_models(comfyui, executor)
+        seen.add(tuple((role, tuple(context_sizes(models[role])) if role in models else ())
+                       for role in ("high", "low")))
+
+    progress_hook[:] = [contexts_now]
+    run_ok(comfyui, with_model_caches(template(tiny_models, switch), high={}, low={}), executor)
+    # each sampler's call held one context of its own size on its expert, and nothing else was cached
+    assert {(("high", (expected[0],)), ("low", ())), (("high", ()), ("low", (expected[1],)))} <= seen
+    assert seen <= {(("high", (expected[0],)), ("low", ())), (("high", ()), ("low", (expected[1],))),
+                    (("high", ()), ("low", ()))}
+    assert all(leftovers(m) == [] for m in unet_models(comfyui, executor).values())
+
+
+def test_the_boundary_split_is_the_one_our_schedule_counts(comfyui, tiny_models):
+    result = run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models),
+                                        **{**TEMPLATE, "cfg": (3.5, 3.5)}))
+    assert report_of(result)["split"] == {"high": 9, "low": 11}
+
+
+def test_a_b_a_bit_identical_and_off_is_the_template_bit_for_bit(comfyui, tiny_models):
+    def cached(seed, enabled=True):
+        prompt = with_model_caches(template(tiny_models, 10, seed=seed), high={**PERMISSIVE, "enabled": enabled},
+                                   low={**PERMISSIVE, "enabled": enabled})
+        result = run_ok(comfyui, prompt)
+        return latent_of(comfyui, FINAL["native"]), result
+
+    a, result = cached(1)
+    b, _ = cached(2)
+    a_again, _ = cached(1)
+    assert torch.equal(a, a_again) and not torch.equal(a, b)
+    run_ok(comfyui, template(tiny_models, 10, seed=1))
+    plain = latent_of(comfyui, FINAL["native"])
+    assert not torch.equal(a, plain)  # the cache did serve steps
+    off, _ = cached(1, enabled=False)
+    assert torch.equal(off, plain)
+    assert all(leftovers(m) == [] for m in unet_models(comfyui).values())
+
+
+def test_our_sampler_and_the_model_node_with_the_same_plan_give_the_same_latent(comfyui, tiny_models):
+    plan = CachePlan(residual_diff_threshold=PERMISSIVE["residual_diff_threshold"])
+    result = run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), seed=4,
+                                        cache=PERMISSIVE, **TEMPLATE))
+    ours = latent_of(comfyui, FINAL["ours"])
+    report = report_of(result)
+    assert report["cache"]["high"]["cached_steps"] and report["cache"]["low"]["cached_steps"]
+    per_role = {role: {"warmup_steps": plan.settings(role).warmup_steps,
+                       "max_cached_steps": plan.settings(role).max_cached_steps, **PERMISSIVE}
+                for role in ("high", "low")}
+    run_ok(comfyui, with_model_caches(template(tiny_models, report["split"]["high"], seed=4), **per_role))
+    assert torch.equal(ours, latent_of(comfyui, FINAL["native"]))
