@@ -58,11 +58,11 @@ def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: 
 
 
 def sampler_and_outputs(latent_from, positive_from, negative_from, cfg, video: bool, prefix: str,
-                        experts_from=(6, 0)) -> list[dict]:
+                        experts_from=(6, 0), schedule_from=(5, 0)) -> list[dict]:
     nodes = [
         node(8, "Wan22TwoStageSampler", [880, 380], {"seed": 42, "cfg_high": cfg[0], "cfg_low": cfg[1]},
-             {"experts": experts_from, "schedule": (5, 0), "positive": positive_from, "negative": negative_from,
-              "latent_image": latent_from}),
+             {"experts": experts_from, "schedule": schedule_from, "positive": positive_from,
+              "negative": negative_from, "latent_image": latent_from}),
         node(9, "VAELoader", [880, 780], {"vae_name": VAE}),
         node(10, "VAEDecode", [1320, 40], links={"samples": (8, 0), "vae": (9, 0)}),
         node(13, "PreviewImage", [1320, 240], links={"images": (8, 2)}, title="Timeline"),
@@ -142,6 +142,85 @@ def t2v_lightx2v_4steps() -> dict:
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
 
 
+def lightx2v_experts(high: str, low: str) -> list[dict]:
+    """The template's Load Diffusion Model and LightX2V LoraLoaderModelOnly nodes (same files, strength 1)."""
+    return [
+        node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
+        node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),
+        node(20, "LoraLoaderModelOnly", [440, 560], {"lora_name": LORA_NAMES["high"], "strength_model": 1.0},
+             {"model": (18, 0)}, "LightX2V 4-step LoRA (high noise)"),
+        node(21, "LoraLoaderModelOnly", [440, 720], {"lora_name": LORA_NAMES["low"], "strength_model": 1.0},
+             {"model": (19, 0)}, "LightX2V 4-step LoRA (low noise)"),
+    ]
+
+
+def t2v_lightx2v_3stage() -> dict:
+    """The three-stage LightX2V recipe: the high-noise expert without the LoRAs at CFG 3.5 for the first 3 of
+    24 finer steps (the lead), then the high-noise expert with them at CFG 1 from step 1 of 8 to the switch the
+    boundary gives, then the low-noise expert with them at CFG 1. The lead stage node derives both switch
+    points from the sigmas (euler/simple, shift 5: step 3 of 24 is step 1 of 8)."""
+    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    nodes = native_text(TEMPLATE_PROMPT)
+    nodes += lightx2v_experts(high, low)
+    nodes += [
+        node(22, "Wan22ExpertsFromModel", [440, 880], links={"high_noise_model": (18, 0), "low_noise_model": (19, 0)},
+             title="Experts without the LoRAs (lead)"),
+        node(4, "Wan22ExpertsFromModel", [440, 1000], links={"high_noise_model": (20, 0), "low_noise_model": (21, 0)},
+             title="Experts with the LoRAs"),
+        node(5, "Wan22Schedule", [440, 1120], schedule_widgets("euler", 8, 5.0), {"experts": (4, 0)}),
+        node(23, "Wan22LeadStage", [880, 1040], {"lead_steps": 24, "start_step": 1, "cfg": 3.5},
+             {"schedule": (5, 0), "experts": (22, 0)}),
+        node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 640, "height": 640, "length": 81, "batch_size": 1}),
+    ]
+    nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (1.0, 1.0), True, "video/wan22_t2v_lightx2v_3stage",
+                                 experts_from=(4, 0), schedule_from=(23, 0))
+    return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
+                                       model(LORA_NAMES["high"], "loras"), model(LORA_NAMES["low"], "loras"),
+                                       model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
+def t2v_template_cachedit_model() -> dict:
+    """ComfyUI's own Wan2.2 14B T2V template as it ships (20 steps, shift 5, CFG 3.5, euler/simple, the switch
+    typed at step 10, its two KSamplerAdvanced), with one Wan2.2 Cache-DiT (MODEL) node on each expert
+    between its Load Diffusion Model and its ModelSamplingSD3: each KSamplerAdvanced's call gets a context
+    sized with its own 10 evaluations. Warm-ups and caps are the Two-Stage Sampler's per expert."""
+    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    plan = CachePlan().node_inputs()
+
+    def cache(role: str) -> dict:
+        shared = {k: plan[k] for k in ("residual_diff_threshold", "first_compute_blocks", "last_compute_blocks",
+                                       "max_continuous_cached_steps")}
+        return {"enabled": True, **shared, "warmup_steps": plan[f"{role}_warmup_steps"],
+                "max_cached_steps": plan[f"{role}_max_cached_steps"], "calibrator": plan["calibrator"]}
+
+    common = {"steps": 20, "cfg": 3.5, "sampler_name": "euler", "scheduler": "simple"}
+    nodes = native_text(TEMPLATE_PROMPT)
+    nodes += [
+        node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
+        node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),
+        node(24, "Wan22CacheDiTModel", [440, 560], cache("high"), {"model": (18, 0)}, "Cache-DiT (high noise)"),
+        node(25, "Wan22CacheDiTModel", [440, 900], cache("low"), {"model": (19, 0)}, "Cache-DiT (low noise)"),
+        node(26, "ModelSamplingSD3", [880, 560], {"shift": 5.0}, {"model": (24, 0)}),
+        node(27, "ModelSamplingSD3", [880, 720], {"shift": 5.0}, {"model": (25, 0)}),
+        node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 640, "height": 640, "length": 81, "batch_size": 1}),
+        node(28, "KSamplerAdvanced", [1320, 40],
+             {"add_noise": "enable", "noise_seed": 42, "control_after_generate": "fixed", **common,
+              "start_at_step": 0, "end_at_step": 10, "return_with_leftover_noise": "enable"},
+             {"model": (26, 0), "positive": (2, 0), "negative": (3, 0), "latent_image": (7, 0)}),
+        node(29, "KSamplerAdvanced", [1320, 560],
+             {"add_noise": "disable", "noise_seed": 0, "control_after_generate": "fixed", **common,
+              "start_at_step": 10, "end_at_step": 10000, "return_with_leftover_noise": "disable"},
+             {"model": (27, 0), "positive": (2, 0), "negative": (3, 0), "latent_image": (28, 0)}),
+        node(9, "VAELoader", [1760, 560], {"vae_name": VAE}),
+        node(10, "VAEDecode", [1760, 40], links={"samples": (29, 0), "vae": (9, 0)}),
+        node(11, "CreateVideo", [2200, 40], {"fps": 16.0}, {"images": (10, 0)}),
+        node(12, "SaveVideo", [2200, 240], {"filename_prefix": "video/wan22_template_cachedit", "format": "auto",
+                                            "codec": "auto"}, {"video": (11, 0)}),
+    ]
+    return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
+                                       model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
 def tiny_demo() -> dict:
     """What `make demo` runs: every file is a tiny random stand-in the demo writes itself."""
     nodes = [
@@ -175,5 +254,7 @@ WORKFLOWS = {
     "wan22_low_noise_t2i": low_noise_t2i,
     "wan22_i2v_a14b_cachedit": i2v,
     "wan22_t2v_a14b_lightx2v_4steps": t2v_lightx2v_4steps,
+    "wan22_t2v_a14b_lightx2v_3stage": t2v_lightx2v_3stage,
+    "wan22_t2v_a14b_template_cachedit_model": t2v_template_cachedit_model,
     "wan22_tiny_demo": tiny_demo,
 }

@@ -225,3 +225,31 @@ def test_a_workflow_saved_with_an_old_sampler_name_loads_and_runs(page, server, 
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = json.loads(entry["outputs"]["14"]["text"][0])
     assert (report["sampler"], report["scheduler"]) == (new, "simple")
+
+
+def test_the_three_stage_workflow_shows_the_three_parts_it_runs(page, native_text_server, frontend):
+    """The lead stage node shows the lead, high and low steps live, from the frontend's own prompt; the run
+    of that prompt (at a tiny size) reports the same three."""
+    load(page, shipped("wan22_t2v_a14b_lightx2v_3stage"))
+    shown = wait_for_status(page, "Wan22LeadStage", "will run:")
+    assert shown.startswith("will run: 3 lead (of 24) / 3 high / 4 low (boundary 0.875, model default)")
+    assert "main from step 1; hand-off exact" in shown
+    set_widget(page, "Wan22LeadStage", "lead_steps", 12)  # 12-step sigmas miss the main start: an own last step
+    shown_12 = wait_for_status(page, "Wan22LeadStage", "of 12)")
+    assert "hand-off by a last lead step of its own" in shown_12
+    set_widget(page, "Wan22LeadStage", "lead_steps", 24)
+    wait_for_status(page, "Wan22LeadStage", "3 lead (of 24)")
+    for name, value in (("width", 64), ("height", 64), ("length", 5)):
+        set_widget(page, "EmptyHunyuanLatentVideo", name, value)
+    # A seed of its own per frontend, so that its run is not served from ComfyUI's cache of the other's.
+    set_widget(page, "Wan22TwoStageSampler", "seed", 20261201 + (frontend == "newest"))
+    prompt = frontend_prompt(page)
+    status, body = native_text_server.queue(prompt)
+    assert status == 200 and body["node_errors"] == {}, body
+    entry = native_text_server.wait(body["prompt_id"], timeout=1200)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    sampler = next(k for k, v in prompt.items() if v["class_type"] == "Wan22TwoStageSampler")
+    report = entry["outputs"][sampler]["report"][0]
+    split = report["split"]
+    assert shown.startswith(f"will run: {split['lead']} lead (of {report['lead']['steps']}) / {split['high']} high / "
+                            f"{split['low']} low")

@@ -10,7 +10,9 @@ from devtools.paths import ROOT
 from devtools.workflow_specs import NEGATIVE, TEMPLATE_PROMPT, WORKFLOWS
 
 API_DIR = os.path.join(ROOT, "example_workflows", "api")
-NATIVE_TEXT = [name for name in WORKFLOWS if name not in ("wan22_tiny_demo", "wan22_t2v_a14b_lightx2v_4steps")]
+OWN_TESTS = ("wan22_tiny_demo", "wan22_t2v_a14b_lightx2v_4steps", "wan22_t2v_a14b_lightx2v_3stage",
+             "wan22_t2v_a14b_template_cachedit_model")
+NATIVE_TEXT = [name for name in WORKFLOWS if name not in OWN_TESTS]
 
 
 def api_workflow(name):
@@ -58,7 +60,7 @@ def with_tiny_size(prompt, steps=8):
     for node in prompt.values():
         if node["class_type"] in ("EmptyHunyuanLatentVideo", "WanImageToVideo"):
             node["inputs"].update(width=64, height=64, length=min(node["inputs"]["length"], 5))
-        if node["class_type"] == "Wan22Schedule":
+        if node["class_type"] == "Wan22Schedule" and steps is not None:
             node["inputs"]["steps"] = steps
         if node["class_type"] == "CLIPTextEncode" and node["inputs"]["text"] != NEGATIVE:
             node["inputs"]["text"] = TEMPLATE_PROMPT
@@ -99,14 +101,43 @@ def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_t
     assert report["transformer_calls"] == {"high": 2, "low": 2}
 
 
-AS_SHIPPED = {"wan22_t2v_a14b_lightx2v_4steps": {"high": 2, "low": 2}, "wan22_low_noise_t2i": {"high": 0, "low": 30}}
+def test_the_three_stage_lightx2v_workflow_runs_its_three_stages_split_from_the_sigmas(native_server):
+    """Shift 5, 8 LightX2V steps, a lead of 24 steps handing over at step 1: 3 lead (CFG 3.5, without the LoRAs)
+    / 3 high / 4 low, the hand-off exact (step 3 of 24 is step 1 of 8)."""
+    api = api_workflow("wan22_t2v_a14b_lightx2v_3stage")
+    lead = next(v for v in api.values() if v["class_type"] == "Wan22LeadStage")["inputs"]
+    assert (lead["lead_steps"], lead["start_step"], lead["cfg"]) == (24, 1, 3.5)
+    entry = run(native_server, with_tiny_size(api, steps=None))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    report = report_of(entry)
+    assert report["split"] == {"lead": 3, "high": 3, "low": 4} and report["lead"]["hand_off_exact"] is True
+    assert report["cfg"] == {"high": 1.0, "low": 1.0, "lead": 3.5}
+    assert report["experts"]["lead"] == "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"
+    assert [u["file"] for u in report["loras"]["high"]] == []  # the LoRAs are the template's own nodes
+
+
+def test_the_template_with_the_cache_dit_model_node_runs_on_its_two_ksampleradvanced(native_server):
+    """The official template's graph as it ships (20 steps, switch at 10) with a Cache-DiT MODEL node on each
+    expert: it runs, and each node reports its plan."""
+    api = api_workflow("wan22_t2v_a14b_template_cachedit_model")
+    kinds = sorted(v["class_type"] for v in api.values())
+    assert kinds.count("Wan22CacheDiTModel") == 2 and kinds.count("KSamplerAdvanced") == 2
+    assert not any(kind.startswith("Wan22") and kind != "Wan22CacheDiTModel" for kind in kinds)
+    entry = run(native_server, with_tiny_size(api))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    cache_nodes = [k for k, v in api.items() if v["class_type"] == "Wan22CacheDiTModel"]
+    assert all("sized at each sample call" in entry["outputs"][k]["text"][0] for k in cache_nodes)
+
+
+AS_SHIPPED = {"wan22_t2v_a14b_lightx2v_4steps": {"high": 2, "low": 2}, "wan22_low_noise_t2i": {"high": 0, "low": 30},
+              "wan22_t2v_a14b_lightx2v_3stage": {"lead": 3, "high": 3, "low": 4}}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(AS_SHIPPED))
 def test_the_workflows_cheap_enough_here_finish_as_shipped(native_server, name):
-    """Unchanged API files: the 4-step LightX2V video (640x640, 81 frames) and the one-frame low-noise
-    image. The two 40-step 832x480x81 videos take about half an hour each on two cores, so they run
+    """Unchanged API files: the 4-step and the three-stage LightX2V videos (640x640, 81 frames) and the
+    one-frame low-noise image. The two 40-step 832x480x81 videos take about half an hour each on two cores, so they run
     above at a tiny size."""
     entry = run(native_server, api_workflow(name))
     assert entry["status"]["status_str"] == "success", entry["status"]

@@ -17,7 +17,7 @@ const STATUS_WIDGET = "wan22_status";
 const SOCKET_COLOURS = { WAN22_EXPERTS: "#b06ad9", WAN22_SCHEDULE: "#3fb6a8" };
 const REFRESH_DELAY_MS = 150;
 
-const canvasInfo = { old_samplers: {} }; // served by GET /wan22/canvas
+const canvasInfo = { old_samplers: {}, split_nodes: [SCHEDULE] }; // served by GET /wan22/canvas
 const scheduleDefaults = {}; // input name -> default, from the server's node definition
 // Counters the browser tests wait on (never a fixed sleep): refreshes asked for, replies handled.
 const progress = { requested: 0, handled: 0 };
@@ -94,9 +94,13 @@ function splitText(answer) {
   if (!answer) return "split: no answer";
   if (answer.error) return `split: ${answer.error}`;
   const source = answer.boundary_source.replaceAll("_", " ");
-  if (answer.boundary_ratio == null) return `will run: ${answer.high} high / ${answer.low} low (${source})`;
-  return `will run: ${answer.high} high / ${answer.low} low (boundary ${answer.boundary_ratio}, ${source}` +
-    (answer.boundary_known ? ")" : ", text-to-video assumed)");
+  const lead = answer.lead == null ? "" : `${answer.lead} lead (of ${answer.lead_steps}) / `;
+  const split = `will run: ${lead}${answer.high} high / ${answer.low} low`;
+  const handOff = answer.lead == null ? "" :
+    `\nmain from step ${answer.start_step}; hand-off ${answer.hand_off_exact ? "exact" : "by a last lead step of its own"}`;
+  if (answer.boundary_ratio == null) return `${split} (${source})${handOff}`;
+  return `${split} (boundary ${answer.boundary_ratio}, ${source}` +
+    (answer.boundary_known ? ")" : ", text-to-video assumed)") + handOff;
 }
 
 let refreshTimer = null;
@@ -108,7 +112,7 @@ function scheduleRefresh() {
 }
 
 async function refreshSplits() {
-  const schedules = [...executionIds()].filter(([node]) => node.type === SCHEDULE);
+  const schedules = [...executionIds()].filter(([node]) => canvasInfo.split_nodes.includes(node.type));
   if (!schedules.length) return;
   const ticket = ++refreshTicket; // a reply still on its way is stale once a newer refresh starts
   progress.requested++;
@@ -198,6 +202,12 @@ function onExecuted({ detail }) {
   }
 }
 
+// The Cache-DiT MODEL node runs before its samplers: what each sample call did comes while they run.
+function onCacheUsed({ detail }) {
+  const node = nodeByExecutionId(detail?.node);
+  if (node && PACK_NODE.test(node.type ?? "")) setStatus(node, "used", String(detail.text ?? ""));
+}
+
 function chain(nodeType, method, extra) {
   const original = nodeType.prototype[method];
   nodeType.prototype[method] = function () {
@@ -225,6 +235,7 @@ app.registerExtension({
       }
     }
     api.addEventListener("executed", onExecuted);
+    api.addEventListener("wan22.cache_used", onCacheUsed);
     api.addEventListener("graphChanged", scheduleRefresh);
     try {
       Object.assign(canvasInfo, await (await api.fetchApi("/wan22/canvas")).json());
