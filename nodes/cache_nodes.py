@@ -116,23 +116,22 @@ class SampleCallCache(StageCache):
 
     def __init__(self, plan: CachePlan, node_id: str | None, layers: int):
         super().__init__(plan, "high", "model", turn_off=MODEL_TURN_OFF)
-        self.node_id, self.layers, self.runs = node_id, layers, 0
+        self.node_id, self.layers = node_id, layers
 
     def sampler_sample(self, executor, *args, **kwargs):
         out = super().sampler_sample(executor, *args, **kwargs)
-        self.runs += 1
-        stats = self.statistics(self.layers)
-        line = stats_line(self.runs, stats)
+        line = stats_line(self.statistics(self.layers))
         logging.info("%s %s: %s", MODEL_NODE, self.node_id, line)
         show_on_canvas(self.node_id, line)
         return out
 
 
-def stats_line(call: int, stats: dict) -> str:
+def stats_line(stats: dict) -> str:
+    """What one sample call's cache did, in a line."""
     done, full = stats["block_forwards"], stats["block_forwards_without_cache"]
     if not stats["cached"]:
-        return f"sample call {call}: {stats['evaluations']} evaluations; {stats['note']}"
-    return (f"sample call {call}: {len(stats['cached_steps']) + len(stats['cfg_cached_steps'])} of "
+        return f"{stats['evaluations']} evaluations; {stats['note']}"
+    return (f"{len(stats['cached_steps']) + len(stats['cfg_cached_steps'])} of "
             f"{stats['evaluations']} evaluations cached (context sized {stats['evaluations']}, {stats['config']}), "
             f"blocks {done}/{full} ({100 * (1 - done / full) if full else 0:.0f}% saved)")
 
@@ -147,7 +146,7 @@ def show_on_canvas(node_id: str | None, text: str) -> None:
         return
     server = getattr(PromptServer, "instance", None)
     if server is not None:  # to the client that queued the prompt (all clients when it gave no id)
-        server.send_sync("wan22.cache_used", {"node": node_id, "text": f"last run: {text}"},
+        server.send_sync("wan22.cache_used", {"node": node_id, "text": f"last sample call: {text}"},
                          getattr(server, "client_id", None))
 
 

@@ -253,3 +253,47 @@ def test_the_three_stage_workflow_shows_the_three_parts_it_runs(page, native_tex
     split = report["split"]
     assert shown.startswith(f"will run: {split['lead']} lead (of {report['lead']['steps']}) / {split['high']} high / "
                             f"{split['low']} low")
+
+
+def model_cache_graph(seed: int) -> dict:
+    """A graph of ComfyUI's own samplers, as the template wires them: each expert's Load Diffusion Model ->
+    Wan2.2 Cache-DiT (MODEL) -> ModelSamplingSD3 -> KSamplerAdvanced (8 steps, switch at 4)."""
+    from devtools.standins import TEXT_FOLDER
+    from devtools.workflow_specs import node
+
+    sampler = {"noise_seed": seed, "control_after_generate": "fixed", "steps": 8, "cfg": 1.0, "sampler_name": "euler",
+               "scheduler": "simple"}
+    cache = {"residual_diff_threshold": 0.8, "warmup_steps": 1, "max_cached_steps": -1}
+    return {"nodes": [
+        node(1, "UNETLoader", [20, 40], {"unet_name": "wan2.2_t2v_high_noise_14B_fp16.safetensors"}),
+        node(2, "UNETLoader", [20, 300], {"unet_name": "wan2.2_t2v_low_noise_14B_fp16.safetensors"}),
+        node(3, "Wan22TextEncode", [20, 560], {"model_folder": TEXT_FOLDER, "prompt": "a red cat in the rain",
+                                               "negative_prompt": "blurry"}),
+        node(4, "EmptyHunyuanLatentVideo", [20, 900], {"width": 32, "height": 32, "length": 1, "batch_size": 1}),
+        node(5, "Wan22CacheDiTModel", [440, 40], cache, {"model": (1, 0)}, "Cache-DiT high"),
+        node(6, "Wan22CacheDiTModel", [440, 400], cache, {"model": (2, 0)}, "Cache-DiT low"),
+        node(7, "ModelSamplingSD3", [880, 40], {"shift": 5.0}, {"model": (5, 0)}),
+        node(8, "ModelSamplingSD3", [880, 400], {"shift": 5.0}, {"model": (6, 0)}),
+        node(9, "KSamplerAdvanced", [1320, 40], {**sampler, "add_noise": "enable", "start_at_step": 0,
+                                                 "end_at_step": 4, "return_with_leftover_noise": "enable"},
+             {"model": (7, 0), "positive": (3, 0), "negative": (3, 1), "latent_image": (4, 0)}),
+        node(10, "KSamplerAdvanced", [1760, 40], {**sampler, "add_noise": "disable", "start_at_step": 4,
+                                                  "end_at_step": 10000, "return_with_leftover_noise": "disable"},
+             {"model": (8, 0), "positive": (3, 0), "negative": (3, 1), "latent_image": (9, 0)}),
+        node(11, "SaveLatent", [2200, 40], {"filename_prefix": "wan22_model_cache"}, {"samples": (10, 0)}),
+    ]}
+
+
+def test_the_cache_dit_model_node_shows_what_each_sample_call_cached_on_the_canvas(page, frontend):
+    """The MODEL node runs before its samplers: each KSamplerAdvanced's call tells the canvas what the cache
+    did, with the context sized with that call's 4 evaluations."""
+    from devtools.build_workflows import BUILD_JS
+
+    page.evaluate(BUILD_JS, model_cache_graph(20261201 + (frontend == "newest")))
+    page.get_by_role("button", name="Run", exact=True).first.click()
+    for title in ("Cache-DiT high", "Cache-DiT low"):
+        text = wait_for(page, f"(n => n?.widgets.find(w => w.name === 'wan22_status').element.textContent"
+                              f".includes('last sample call') && n.widgets.find(w => w.name === 'wan22_status')"
+                              f".element.textContent)(app.graph.nodes.find(n => n.title === {json.dumps(title)}))",
+                        timeout=600)
+        assert "last sample call: " in text and "(context sized 4," in text and "% saved" in text, text

@@ -127,6 +127,36 @@ def test_our_schedule_and_sampler_in_the_official_template_give_its_latent_bit_f
     assert theirs.shape == (1, 16, 2, 8, 8) and torch.equal(ours, theirs)
 
 
+def with_model_caches(prompt: dict, **settings) -> dict:
+    """The template's prompt with a Wan2.2 Cache-DiT (MODEL) node between each ModelSamplingSD3 and its
+    KSamplerAdvanced."""
+    ours = copy.deepcopy(prompt)
+    for i, sampler in enumerate(the_two_ksamplers(ours)):
+        node_id = f"95{i}"
+        ours[node_id] = {"class_type": "Wan22CacheDiTModel",
+                         "inputs": {"model": ours[sampler]["inputs"]["model"], "enabled": True,
+                                    "residual_diff_threshold": 0.8, "first_compute_blocks": 1, "last_compute_blocks": 0,
+                                    "max_continuous_cached_steps": -1, "warmup_steps": 0, "max_cached_steps": -1,
+                                    "calibrator": "none", **settings}}
+        ours[sampler]["inputs"]["model"] = [node_id, 0]
+    return ours
+
+
+def test_the_cache_dit_model_node_in_the_official_template_off_is_the_template_bit_for_bit(template_prompt,
+                                                                                          native_text_server):
+    """One Cache-DiT MODEL node per expert in ComfyUI's own template, as the frontend converts it: on, the
+    cache serves steps (2 + 2 LightX2V steps, warm-up 0); off, the latent is the template's own."""
+    _, low_id = the_two_ksamplers(template_prompt)
+    theirs, _ = run_for_latent(native_text_server, saving_the_latent(template_prompt, [low_id, 0], "template/theirs"))
+    cached, entry = run_for_latent(native_text_server, saving_the_latent(with_model_caches(template_prompt),
+                                                                         [low_id, 0], "template/model_cache"))
+    assert all("sized at each sample call" in entry["outputs"][n]["text"][0] for n in ("950", "951"))
+    assert not torch.equal(cached, theirs)
+    off, _ = run_for_latent(native_text_server, saving_the_latent(with_model_caches(template_prompt, enabled=False),
+                                                                  [low_id, 0], "template/model_cache_off"))
+    assert torch.equal(off, theirs)
+
+
 # Our bridge and schedule inside the template's subgraph, fed by its LoRA nodes (which its subgraph inputs feed
 # with the file names shown on the subgraph node).
 INSIDE_THE_SUBGRAPH_JS = """
