@@ -23,6 +23,7 @@ demo: setup
 bench: setup
 	$(PY) -m bench.run
 	$(PY) -m bench.endurance
+	$(PY) -m bench.few_steps
 
 clean:
 	rm -rf .demo .pytest_cache

@@ -108,11 +108,14 @@ class Runs:
             return latent["samples"]
         return run
 
-    def native(self, easycache: bool = False):
+    def native(self, easycache: bool = False, patch=None):
+        """`patch(role, MODEL) -> MODEL`: a node put on each expert before its ModelSamplingSD3, where the
+        template's graph would have a cache node (Wan2.2 Cache-DiT (MODEL), EasyCache, LazyCache)."""
         import comfy_extras.nodes_easycache as easy
         import nodes
 
-        models = {role: self.engine.shifted(m, self.flow_shift) for role, m in self.models.items()}
+        models = self.models if patch is None else {role: patch(role, m) for role, m in self.models.items()}
+        models = {role: self.engine.shifted(m, self.flow_shift) for role, m in models.items()}
         if easycache:
             defaults = {i.id: i.default for i in easy.EasyCacheNode.define_schema().inputs if i.id != "model"}
             models = {role: easy.EasyCacheNode.execute(m, **defaults).args[0] for role, m in models.items()}

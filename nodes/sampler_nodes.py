@@ -22,11 +22,12 @@ class Wan22TwoStageSampler(io.ComfyNode):
             category=CATEGORY,
             description="Denoises a Wan2.2 A14B run with ComfyUI's own sampler: the high-noise expert from the first "
                         "step to the schedule's switch (keeping its leftover noise), then the low-noise expert to "
-                        "the end, each with its own CFG, as two KSamplerAdvanced would.",
+                        "the end, each with its own CFG, as two KSamplerAdvanced would. A schedule with a lead stage "
+                        "(Wan2.2 Lead Stage) runs that stage first, on its own expert, CFG and sigmas.",
             inputs=[
                 ExpertsType.Input("experts", tooltip="The experts (with their LoRAs and Cache-DiT plan, if any)."),
                 ScheduleType.Input("schedule", tooltip="From Wan2.2 Boundary & Flow Shift, built on the same "
-                                                       "experts."),
+                                                       "experts (or from Wan2.2 Lead Stage, for three stages)."),
                 io.Conditioning.Input("positive", tooltip="Text conditioning from the umt5 text encoder; through "
                                                           "WanImageToVideo for image-to-video."),
                 io.Conditioning.Input("negative", tooltip="Negative text conditioning (used when a CFG scale is "

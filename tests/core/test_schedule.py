@@ -110,3 +110,53 @@ def test_schedule_is_a_printable_comparable_value():
     assert a == b and hash(a) == hash(b)
     assert a.summary() == "euler/simple, 4 steps, shift 5, boundary 0.875 (model_default): 2 high / 2 low"
     assert a.split == (2, 2) and a.sigmas == LIGHTX2V
+
+
+# --- a lead stage in front of the main schedule ---
+
+MAIN_8 = (1.0, 0.9722, 0.9375, 0.8929, 0.8333, 0.75, 0.625, 0.4167, 0.0)  # euler/simple 8 steps, shift 5
+
+
+def test_the_lead_hands_over_where_its_sigma_reaches_the_main_start_exactly_or_with_a_step_of_its_own():
+    assert S.lead_hand_off((1.0, 0.99, 0.98, 0.9722, 0.96, 0.0), 0.9722) == (3, True)
+    assert S.lead_hand_off((1.0, 0.99, 0.98, 0.97, 0.96, 0.0), 0.9722) == (3, False)  # 0.98 -> 0.9722
+    assert S.lead_hand_off((1.0, 0.0), 0.9722) == (1, False)  # a one-step lead schedule: one step to the start
+
+
+def test_a_schedule_with_a_lead_runs_lead_then_main_from_its_start_step_split_at_the_boundary():
+    main = schedule_of(MAIN_8)
+    assert main.split == (4, 4)
+    led = S.add_lead(main, lead_sigmas=(1.0, 0.99, 0.98, 0.9722, 0.96, 0.5, 0.0), steps=6, start_step=1, cfg=3.5)
+    assert led.stage_steps() == {"lead": 3, "high": 3, "low": 4}
+    assert led.stage_sigmas("lead") == (1.0, 0.99, 0.98, 0.9722)
+    assert led.stage_sigmas("high") == MAIN_8[1:5] and led.stage_sigmas("low") == MAIN_8[4:]
+    assert led.lead.exact and "exact" in led.lead.hand_off() and "3 lead (of 6) / 3 high / 4 low" in led.summary()
+    off = S.add_lead(main, lead_sigmas=(1.0, 0.99, 0.98, 0.97, 0.96, 0.5, 0.0), steps=6, start_step=1, cfg=3.5)
+    assert off.stage_sigmas("lead") == (1.0, 0.99, 0.98, 0.9722) and not off.lead.exact
+    assert "a step of its own size" in off.lead.hand_off()
+    assert main.lead is None and main.stage_steps() == {"high": 4, "low": 4}  # the handle it was made from
+
+
+def test_a_lead_past_the_switch_leaves_the_main_high_stage_empty():
+    led = S.add_lead(schedule_of(MAIN_8), lead_sigmas=(1.0, 0.8, 0.0), steps=2, start_step=5, cfg=3.5)
+    assert led.stage_steps() == {"lead": 2, "low": 3} and led.stage_sigmas("low") == MAIN_8[5:]
+
+
+@pytest.mark.parametrize("kwargs, input_name", [
+    (dict(steps=0, start_step=1, cfg=3.5), "lead_steps"),
+    (dict(steps=6, start_step=0, cfg=3.5), "start_step"),
+    (dict(steps=6, start_step=8, cfg=3.5), "start_step"),
+    (dict(steps=6, start_step=1, cfg=math.nan), "cfg"),
+])
+def test_a_lead_that_cannot_run_is_refused_naming_the_input(kwargs, input_name):
+    with pytest.raises(Wan22InputError) as e:
+        S.add_lead(schedule_of(MAIN_8), lead_sigmas=(1.0,) * 6 + (0.0,), **kwargs)
+    assert e.value.input_name == input_name
+
+
+def test_a_lead_needs_a_high_noise_expert_and_only_one_lead():
+    with pytest.raises(Wan22InputError, match="no high-noise expert"):
+        S.add_lead(schedule_of(MAIN_8, has_high=False), lead_sigmas=(1.0, 0.0), steps=1, start_step=1, cfg=3.5)
+    led = S.add_lead(schedule_of(MAIN_8), lead_sigmas=(1.0, 0.0), steps=1, start_step=1, cfg=3.5)
+    with pytest.raises(Wan22InputError, match="already has a lead"):
+        S.add_lead(led, lead_sigmas=(1.0, 0.0), steps=1, start_step=1, cfg=3.5)

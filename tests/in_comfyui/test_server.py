@@ -118,7 +118,7 @@ def test_the_live_split_route_explains_what_is_wrong(server, tiny_models):
     assert answer["error"].startswith("scheduler: unknown scheduler 'cosine'") and answer["input"] == "scheduler"
     status, body = server.post("/wan22/split", {"prompt": {"2": schedule("1")}, "nodes": ["2", "3"]})
     assert status == 200 and body["splits"]["2"]["error"] == "experts: connect a Wan2.2 expert loader to see the split"
-    assert "is not a Wan2.2 Boundary & Flow Shift node" in body["splits"]["3"]["error"]
+    assert "is not a Wan2.2 Boundary & Flow Shift or Lead Stage node" in body["splits"]["3"]["error"]
     linked = split_request(server, {"1": loader(low=low), "7": {"class_type": "PrimitiveInt", "inputs": {"value": 9}}},
                            steps=["7", 0])
     assert linked["error"].startswith("steps: comes from another node")
@@ -128,4 +128,5 @@ def test_the_live_split_route_explains_what_is_wrong(server, tiny_models):
 
 
 def test_the_canvas_learns_the_old_sampler_names_from_the_server(server):
-    assert server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"}}
+    assert server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"},
+                                           "split_nodes": ["Wan22Schedule", "Wan22LeadStage"]}
