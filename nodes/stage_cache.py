@@ -138,6 +138,10 @@ class StageCache:
         # A stage whose evaluations are all warm-up (or capped at 0) could cache nothing: it runs without
         # cache-dit, and its report says why (core.skip_note).
         self.installed = core.skippable_steps(self.plan, self.role, self.evaluations) > 0
+        if already_cached(self.diffusion_model):  # another of our caches on the same expert is running it
+            raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is already cached by another Cache-DiT "
+                                             "node in this sampling (a Wan2.2 Cache-DiT (MODEL) node and the Wan2.2 "
+                                             "Cache-DiT node on one expert?): keep one of them")
         counters = []
         try:
             if self.installed:
@@ -231,6 +235,12 @@ class StageCache:
                                 self.cfg_batching, self.pass_order, self.calls, self.block_forwards, layers)
         stats["cached"] = self.installed  # False: the stage ran without cache-dit (its note says why)
         return stats
+
+
+def already_cached(diffusion_model) -> bool:
+    from cache_dit.caching.block_adapters import BlockAdapter
+
+    return BlockAdapter.is_cached(diffusion_model)
 
 
 def install(diffusion_model, config, calibrator_config) -> None:

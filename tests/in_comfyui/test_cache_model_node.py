@@ -87,3 +87,19 @@ def test_our_sampler_and_the_model_node_with_the_same_plan_give_the_same_latent(
                 for role in ("high", "low")}
     run_ok(comfyui, with_model_caches(template(tiny_models, report["split"]["high"], seed=4), **per_role))
     assert torch.equal(ours, latent_of(comfyui, FINAL["native"]))
+
+
+def test_the_model_node_and_the_samplers_cache_on_one_expert_are_refused_and_leave_nothing(comfyui, tiny_models):
+    from .prompts import bridged, cache_model_node
+
+    high, low = expert_files(tiny_models)
+    prompt = our_prompt(bridged(high, low), text_folder(tiny_models), cache={}, steps=12, **SMALL)
+    prompt["60"] = cache_model_node(["10", 0], warmup_steps=0)
+    prompt["1"]["inputs"]["high_noise_model"] = ["60", 0]
+    executor = comfyui.new_executor()
+    result = comfyui.run(prompt, executor=executor)
+    assert result.valid and not result.success
+    message = result.execution_error()["exception_message"]
+    assert "is already cached by another Cache-DiT node" in message and "keep one of them" in message
+    models = unet_models(comfyui, executor)
+    assert models and all(leftovers(m) == [] for m in models.values())
