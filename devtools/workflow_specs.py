@@ -24,6 +24,8 @@ def node(id, type, pos, widgets=None, links=None, title=None):
     return {"id": id, "type": type, "pos": pos, "widgets": widgets or {}, "links": links or {}, "title": title}
 
 
+# The template's text-to-video expert files (ComfyUI's repackaged fp8 ones).
+T2V_EXPERTS = ("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors")
 CACHE_DEFAULTS = {"enabled": True, **CachePlan().node_inputs()}
 # Wan2.2's own default negative prompt, as ComfyUI's Wan2.2 templates carry it (garish colours, overexposed,
 # static, blurry details, subtitles, ... worst quality, low quality, JPEG artefacts, ugly, extra fingers, ...).
@@ -78,7 +80,7 @@ def sampler_and_outputs(latent_from, positive_from, negative_from, cfg, video: b
 
 
 def t2v() -> dict:
-    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    high, low = T2V_EXPERTS
     nodes = native_text("A red fox trots through fresh snow in a birch forest at sunrise, its breath visible, "
                         "the camera tracking beside it at ground level.")
     nodes += experts_schedule_cache("t2v", high, low, "uni_pc", 40, 12.0)
@@ -90,7 +92,7 @@ def t2v() -> dict:
 
 
 def low_noise_t2i() -> dict:
-    low = "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    low = T2V_EXPERTS[1]
     nodes = native_text("A lighthouse on a rocky cliff under a stormy sky, waves breaking below, dramatic light, "
                         "highly detailed photograph.")
     nodes += experts_schedule_cache("t2v", "none", low, "uni_pc", 30, 3.0)
@@ -116,21 +118,34 @@ def i2v() -> dict:
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
 
 
+def template_loaders(high: str, low: str) -> list[dict]:
+    """The template's two Load Diffusion Model nodes."""
+    return [
+        node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
+        node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),
+    ]
+
+
+def lightx2v_experts(high: str, low: str) -> list[dict]:
+    """The template's Load Diffusion Model and LightX2V LoraLoaderModelOnly nodes (same files, strength 1)."""
+    return template_loaders(high, low) + [
+        node(20, "LoraLoaderModelOnly", [440, 560], {"lora_name": LORA_NAMES["high"], "strength_model": 1.0},
+             {"model": (18, 0)}, "LightX2V 4-step LoRA (high noise)"),
+        node(21, "LoraLoaderModelOnly", [440, 720], {"lora_name": LORA_NAMES["low"], "strength_model": 1.0},
+             {"model": (19, 0)}, "LightX2V 4-step LoRA (low noise)"),
+    ]
+
+
 def t2v_lightx2v_4steps() -> dict:
     """ComfyUI's own Wan2.2 14B T2V template with its 4-step LightX2V LoRAs: its own Load Diffusion Model and
     LoraLoaderModelOnly nodes (same files, strength 1), then our bridge, schedule (euler/simple, 4 steps,
     shift 5) and sampler (CFG 1) instead of its two KSamplerAdvanced: the switch is derived from the
     boundary (2 / 2) instead of typed. No Cache-DiT node: with its default warm-ups it can skip none of
     2 + 2 steps."""
-    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    high, low = T2V_EXPERTS
     nodes = native_text(TEMPLATE_PROMPT)
+    nodes += lightx2v_experts(high, low)
     nodes += [
-        node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
-        node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),
-        node(20, "LoraLoaderModelOnly", [440, 560], {"lora_name": LORA_NAMES["high"], "strength_model": 1.0},
-             {"model": (18, 0)}, "LightX2V 4-step LoRA (high noise)"),
-        node(21, "LoraLoaderModelOnly", [440, 720], {"lora_name": LORA_NAMES["low"], "strength_model": 1.0},
-             {"model": (19, 0)}, "LightX2V 4-step LoRA (low noise)"),
         node(4, "Wan22ExpertsFromModel", [440, 880], links={"high_noise_model": (20, 0), "low_noise_model": (21, 0)}),
         node(5, "Wan22Schedule", [440, 1000], schedule_widgets("euler", 4, 5.0), {"experts": (4, 0)}),
         node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 640, "height": 640, "length": 81, "batch_size": 1}),
@@ -142,24 +157,12 @@ def t2v_lightx2v_4steps() -> dict:
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
 
 
-def lightx2v_experts(high: str, low: str) -> list[dict]:
-    """The template's Load Diffusion Model and LightX2V LoraLoaderModelOnly nodes (same files, strength 1)."""
-    return [
-        node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
-        node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),
-        node(20, "LoraLoaderModelOnly", [440, 560], {"lora_name": LORA_NAMES["high"], "strength_model": 1.0},
-             {"model": (18, 0)}, "LightX2V 4-step LoRA (high noise)"),
-        node(21, "LoraLoaderModelOnly", [440, 720], {"lora_name": LORA_NAMES["low"], "strength_model": 1.0},
-             {"model": (19, 0)}, "LightX2V 4-step LoRA (low noise)"),
-    ]
-
-
 def t2v_lightx2v_3stage() -> dict:
     """The three-stage LightX2V recipe: the high-noise expert without the LoRAs at CFG 3.5 for the first 3 of
     24 finer steps (the lead), then the high-noise expert with them at CFG 1 from step 1 of 8 to the switch the
     boundary gives, then the low-noise expert with them at CFG 1. The lead stage node derives both switch
     points from the sigmas (euler/simple, shift 5: step 3 of 24 is step 1 of 8)."""
-    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    high, low = T2V_EXPERTS
     nodes = native_text(TEMPLATE_PROMPT)
     nodes += lightx2v_experts(high, low)
     nodes += [
@@ -184,7 +187,7 @@ def t2v_template_cachedit_model() -> dict:
     typed at step 10, its two KSamplerAdvanced), with one Wan2.2 Cache-DiT (MODEL) node on each expert
     between its Load Diffusion Model and its ModelSamplingSD3: each KSamplerAdvanced's call gets a context
     sized with its own 10 evaluations. Warm-ups and caps are the Two-Stage Sampler's per expert."""
-    high, low = "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"
+    high, low = T2V_EXPERTS
     plan = CachePlan().node_inputs()
 
     def cache(role: str) -> dict:
@@ -195,9 +198,7 @@ def t2v_template_cachedit_model() -> dict:
 
     common = {"steps": 20, "cfg": 3.5, "sampler_name": "euler", "scheduler": "simple"}
     nodes = native_text(TEMPLATE_PROMPT)
-    nodes += [
-        node(18, "UNETLoader", [20, 560], {"unet_name": high, "weight_dtype": "default"}, title="High-noise expert"),
-        node(19, "UNETLoader", [20, 720], {"unet_name": low, "weight_dtype": "default"}, title="Low-noise expert"),
+    nodes += template_loaders(high, low) + [
         node(24, "Wan22CacheDiTModel", [440, 560], cache("high"), {"model": (18, 0)}, "Cache-DiT (high noise)"),
         node(25, "Wan22CacheDiTModel", [440, 900], cache("low"), {"model": (19, 0)}, "Cache-DiT (low noise)"),
         node(26, "ModelSamplingSD3", [880, 560], {"shift": 5.0}, {"model": (24, 0)}),

@@ -11,6 +11,7 @@ from comfy_api.latest import io
 from .core.cache import CALIBRATORS, CachePlan, ExpertCacheSettings
 from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
+from .core.report import blocks_saved
 from .stage_cache import StageCache
 from .types import CATEGORY, ExpertsType
 
@@ -132,12 +133,11 @@ class SampleCallCache(StageCache):
 
 def stats_line(stats: dict) -> str:
     """What one sample call's cache did, in a line."""
-    done, full = stats["block_forwards"], stats["block_forwards_without_cache"]
     if not stats["cached"]:
         return f"{stats['evaluations']} evaluations; {stats['note']}"
     return (f"{len(stats['cached_steps']) + len(stats['cfg_cached_steps'])} of "
             f"{stats['evaluations']} evaluations cached (context sized {stats['evaluations']}, {stats['config']}), "
-            f"blocks {done}/{full} ({100 * (1 - done / full) if full else 0:.0f}% saved)")
+            f"{blocks_saved(stats)}")
 
 
 def show_on_canvas(node_id: str | None, text: str) -> None:

@@ -118,8 +118,7 @@ def split_ui(schedule) -> dict:
     split = {"high": schedule.high_steps, "low": schedule.low_steps, "boundary_ratio": schedule.boundary.ratio,
              "boundary_source": schedule.boundary.source}
     if schedule.lead is not None:
-        counts = schedule.stage_steps()
-        split.update({stage: counts.get(stage, 0) for stage in core.STAGES}, lead_steps=schedule.lead.steps,
+        split.update(schedule.stage_split(), lead_steps=schedule.lead.steps,
                      start_step=schedule.lead.start_step, hand_off_exact=schedule.lead.exact)
     return split
 

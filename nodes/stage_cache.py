@@ -266,9 +266,8 @@ def refresh(diffusion_model, config, calibrator_config) -> None:
 def remove(diffusion_model) -> None:
     """Unhooks the model completely: its output is then bit-identical to a model never cached."""
     import cache_dit
-    from cache_dit.caching.block_adapters import BlockAdapter
 
-    if BlockAdapter.is_cached(diffusion_model):
+    if already_cached(diffusion_model):
         with quiet_cache_dit():
             cache_dit.disable_cache(diffusion_model)
     # disable_cache leaves `forward` as an instance attribute bound to the class's own forward: drop it, so

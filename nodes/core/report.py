@@ -81,8 +81,7 @@ def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord
     }
     lead = schedule.lead
     if lead is not None:
-        counts = schedule.stage_steps()
-        report["split"] = {stage: counts.get(stage, 0) for stage in STAGES}
+        report["split"] = schedule.stage_split()
         report["stage_per_step"] = [s.stage for s in record.steps]
         report["cfg"]["lead"] = float(lead.cfg)
         report["experts"]["lead"] = lead.source
@@ -90,6 +89,12 @@ def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord
                           "sigmas": [round(s, 6) for s in lead.stage_sigmas()], "hand_off_exact": lead.exact,
                           "hand_off": lead.hand_off()}
     return report
+
+
+def blocks_saved(stats: dict) -> str:
+    """The blocks one cached stage ran against a run without cache, in words."""
+    done, full = stats["block_forwards"], stats["block_forwards_without_cache"]
+    return f"blocks {done}/{full} ({100 * (1 - done / full) if full else 0:.0f}% saved)"
 
 
 def summary_line(report: dict) -> str:
@@ -106,10 +111,8 @@ def summary_line(report: dict) -> str:
     for stage in STAGES:
         stats = report["cache"].get(stage)
         if stats and "cached_steps" in stats:
-            done, full = stats["block_forwards"], stats["block_forwards_without_cache"]
             line = (f"cache {stage}: {len(stats['cached_steps'])} of {stats['evaluations']} steps cached "
-                    f"(context sized {stats['evaluations']}), blocks {done}/{full} "
-                    f"({100 * (1 - done / full) if full else 0:.0f}% saved)")
+                    f"(context sized {stats['evaluations']}), {blocks_saved(stats)}")
             if stats["skippable_steps"] == 0:
                 line += f"; {stats['note']}"
             lines.append(line)

@@ -216,6 +216,11 @@ class RunSchedule:
             counts[stage] = end - start
         return {stage: n for stage, n in counts.items() if n > 0}
 
+    def stage_split(self) -> dict[str, int]:
+        """The steps of every stage, 0 for a stage with none: what the report and the canvas show."""
+        counts = self.stage_steps()
+        return {stage: counts.get(stage, 0) for stage in STAGES}
+
     def stage_sigmas(self, stage: str) -> tuple[float, ...]:
         """The sigmas of one stage: the lead's own, or the main schedule's as ComfyUI's SplitSigmas cuts them at
         the lead's hand-off and at the switch."""
