@@ -102,6 +102,39 @@ def write_single_file(model: WanTransformer3DModel, path: str, fmt: str = "fp16"
     return path
 
 
+# --- GGUF, as ComfyUI-GGUF's UnetLoaderGGUF reads it (the `gguf` package writes and quantizes) ---
+
+GGUF_TYPES = ("Q8_0", "Q5_1", "F16")  # quant types the `gguf` package quantizes in numpy, and plain half
+
+
+def write_gguf(model: WanTransformer3DModel, path: str, qtype: str = "Q8_0") -> str:
+    """A GGUF file of `model` in the original Wan layout (architecture "wan"), as ComfyUI-GGUF's own converter
+    and llama.cpp's quantizer lay it out: the block and embedding matrices in `qtype`, the modulation tables,
+    1-D and small tensors in F32; the 5-D patch embedding flattened to 2-D, F32, its shape kept under
+    `comfy.gguf.orig_shape.<name>` (GGUF itself stores at most four dimensions)."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    block = gguf.GGML_QUANT_SIZES[kind][0]
+    writer = gguf.GGUFWriter(path=None, arch="wan")
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}"))
+    for name, value in to_original_layout({k: v.detach() for k, v in model.state_dict().items()}).items():
+        array = value.to(torch.float32).numpy()
+        small = array.ndim != 2 or array.size <= 1024 or ".modulation" in name or array.shape[-1] % block
+        dtype = gguf.GGMLQuantizationType.F32 if small else kind
+        if array.ndim > 4:
+            writer.add_array(f"comfy.gguf.orig_shape.{name}", [int(d) for d in array.shape])
+            array = array.reshape(array.shape[0], -1)
+        writer.add_tensor(name, gguf.quants.quantize(array, dtype), raw_dtype=dtype)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    writer.write_header_to_file(path=path)
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(progress=False)
+    writer.close()
+    return path
+
+
 def write_diffusers_folder(path: str, high: WanTransformer3DModel | None, low: WanTransformer3DModel | None,
                            boundary_ratio: float | None = 0.875) -> str:
     """A diffusers Wan2.2 folder: model_index.json, transformer/ (high noise), transformer_2/ (low noise)."""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import folder_paths
 from comfy_api.latest import io
 
@@ -41,9 +43,9 @@ def lora_patches(model, lora: dict, input_name: str, name: str) -> dict:
         raise Wan22InputError(input_name, f"{name} is not a LoRA for these experts: none of its {len(lora)} tensors "
                                           f"(e.g. {next(iter(lora), 'none')}) matches a layer of a Wan model; a "
                                           "model file goes in a loader, pick a Wan2.2 A14B LoRA here")
-    weights = model.model.state_dict()
-    misfits = [f"{key}: {got} for a weight of {list(weights[key].shape)}" for key, patch in patches.items()
-               if (got := misfit(patch, weights.get(key)))]
+    shapes = {key: weight_shape(model, key) for key in patches}
+    misfits = [f"{key}: {got} for a weight of {shapes[key]}" for key, patch in patches.items()
+               if (got := misfit(patch, shapes[key]))]
     if misfits:
         raise Wan22InputError(input_name, f"{name} does not fit these experts: {misfits[0]} ({len(misfits)} of its "
                                           f"{len(patches)} layers do not fit). It is a LoRA for another model; pick "
@@ -51,15 +53,28 @@ def lora_patches(model, lora: dict, input_name: str, name: str) -> dict:
     return patches
 
 
-def misfit(patch, weight) -> str | None:
-    """What is wrong with one patch for `weight` (None when it fits, or when it cannot be told)."""
-    if weight is None or not hasattr(weight, "shape"):
+def weight_shape(model, key) -> list[int] | None:
+    """The shape of the model's weight `key` as the model computes with it, read off the parameter itself: a
+    quantized weight (GGUF's, whose stored bytes have another shape) gives its logical shape, as its layer
+    reports it. None when the key is not a single weight of the model."""
+    if not isinstance(key, str):
+        return None
+    try:
+        weight = comfy.utils.get_attr(model.model, key)
+    except AttributeError:
+        return None
+    return [int(d) for d in weight.shape] if hasattr(weight, "shape") else None
+
+
+def misfit(patch, shape: list[int] | None) -> str | None:
+    """What is wrong with one patch for a weight of `shape` (None when it fits, or when it cannot be told)."""
+    if not shape:
         return None
     if isinstance(patch, comfy.weight_adapter.LoRAAdapter):
         up, down = patch.weights[0], patch.weights[1]
-        if up.shape[0] != weight.shape[0] or down.reshape(down.shape[0], -1).shape[1] != weight[0].numel():
+        if up.shape[0] != shape[0] or down.reshape(down.shape[0], -1).shape[1] != math.prod(shape[1:]):
             return f"up {list(up.shape)} / down {list(down.shape)}"
-    elif isinstance(patch, tuple) and patch[0] == "diff" and patch[1][0].shape != weight.shape:
+    elif isinstance(patch, tuple) and patch[0] == "diff" and list(patch[1][0].shape) != shape:
         return f"a difference of {list(patch[1][0].shape)}"
     return None
 

@@ -48,6 +48,16 @@ def widget_value(inputs: dict, name: str, default=None):
     return value
 
 
+HEADER_FILES = (".safetensors", ".gguf")  # expert files whose header tells the task
+
+
+def gguf_readable() -> bool:
+    """GGUF headers are read with the `gguf` package, which is there wherever ComfyUI-GGUF's loaders run."""
+    import importlib.util
+
+    return importlib.util.find_spec("gguf") is not None
+
+
 def bridged_experts(prompt: dict, node_id: str) -> tuple[bool, bool, float, bool]:
     """Wan2.2 Experts from MODEL: which MODEL inputs are connected, and the boundary of the first file behind
     them whose header can be read (False when the text-to-video boundary was assumed)."""
@@ -57,7 +67,7 @@ def bridged_experts(prompt: dict, node_id: str) -> tuple[bool, bool, float, bool
                                      empty="unconnected", fix="connect the MODEL of at least one expert")
     for role, name in core_experts.EXPERT_INPUTS.items():
         file = upstream_file(prompt, node_id, name) if connected[role] else None
-        if file and file.endswith(".safetensors"):
+        if file and file.endswith(HEADER_FILES) and (not file.endswith(".gguf") or gguf_readable()):
             architecture = inspect_files({role: file})[role]
             return connected["high"], connected["low"], core_experts.default_boundary(architecture), True
     return connected["high"], connected["low"], core_experts.DEFAULT_BOUNDARY["t2v"], False

@@ -90,6 +90,22 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gguf_experts(tiny_models):
+    """The tiny experts also as GGUF files in the models folder, named as the QuantStack GGUF files people use:
+    text-to-video in every type of tiny_wan.GGUF_TYPES, image-to-video in Q8_0; {(task, role, type): name}."""
+    pytest.importorskip("gguf", reason="the gguf package (requirements-dev.txt) writes the GGUF experts")
+    names = {}
+    for task, types in (("t2v", tiny_wan.GGUF_TYPES), ("i2v", ("Q8_0",))):
+        for role in ("high", "low"):
+            for qtype in types:
+                name = f"Wan2.2-{task.upper()}-A14B-{role.capitalize()}Noise-{qtype}.gguf"
+                tiny_wan.write_gguf(tiny_models["models"][(task, role)],
+                                    os.path.join(tiny_models["dir"], "diffusion_models", name), qtype)
+                names[(task, role, qtype)] = name
+    return names
+
+
+@pytest.fixture(scope="session")
 def comfyui(tmp_path_factory, tiny_models):
     """The pack loaded into a real ComfyUI in this process, with the tiny models in its models folder."""
     from devtools.comfy_inprocess import InProcessComfy

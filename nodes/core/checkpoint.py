@@ -75,9 +75,31 @@ def check_file(path: str, input_name: str, what: str = "file") -> dict:
     return header
 
 
+GGUF_SHAPE_KEY = "comfy.gguf.orig_shape."  # where ComfyUI-GGUF files keep the shapes GGUF cannot hold (5-D)
+
+
+def gguf_shapes(path: str, input_name: str) -> dict[str, list[int]]:
+    """The torch shapes of a GGUF file's tensors, from its header (memory-mapped, nothing dequantized), as
+    ComfyUI-GGUF's loader reads them: GGUF lists dimensions innermost first, and a shape the format cannot
+    hold is kept in the file's metadata. Reading needs the `gguf` package, which ComfyUI-GGUF requires."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError, KeyError, IndexError) as e:
+        raise Wan22InputError(input_name, f"{os.path.basename(path)} is not a readable GGUF file ({e}); download "
+                                          "it again or pick another one") from None
+    kept = {name[len(GGUF_SHAPE_KEY):]: [int(field.parts[i][0]) for i in field.data]
+            for name, field in reader.fields.items() if name.startswith(GGUF_SHAPE_KEY)}
+    return {t.name: kept.get(t.name) or [int(d) for d in reversed(t.shape.tolist())] for t in reader.tensors}
+
+
 def expert_architecture(path: str, input_name: str) -> ExpertArchitecture:
-    """Header-only check of one single-file expert (cheap enough for prompt validation)."""
-    header = check_file(path, input_name)
-    prefix = key_prefix(header)
-    shapes = {k[len(prefix):]: v["shape"] for k, v in header.items() if k.startswith(prefix)}
+    """Header-only check of one single-file expert, safetensors or GGUF (cheap enough for prompt validation)."""
+    if path.endswith(".gguf"):
+        shapes = gguf_shapes(path, input_name)
+    else:
+        shapes = {k: v["shape"] for k, v in check_file(path, input_name).items()}
+    prefix = key_prefix(shapes)
+    shapes = {k[len(prefix):]: v for k, v in shapes.items() if k.startswith(prefix)}
     return architecture_from_shapes(shapes, input_name, os.path.basename(path))

@@ -36,3 +36,25 @@ def progress_hook(monkeypatch):
     comfy.utils.set_progress_bar_global_hook(call_hooks)
     yield hooks
     comfy.utils.set_progress_bar_global_hook(None)
+
+
+def third_party_pack(comfyui, pack):
+    from devtools import third_party
+
+    reason = third_party.missing(pack)
+    if reason:
+        pytest.skip(reason)
+    third_party.load(comfyui, pack)
+    return comfyui
+
+
+@pytest.fixture
+def gguf_comfyui(comfyui):
+    """The in-process ComfyUI with ComfyUI-GGUF loaded too (skipped where its copy is not there)."""
+    return third_party_pack(comfyui, "gguf")
+
+
+@pytest.fixture
+def kj_comfyui(comfyui):
+    """The in-process ComfyUI with KJNodes loaded too (skipped where its copy is not there)."""
+    return third_party_pack(comfyui, "kjnodes")

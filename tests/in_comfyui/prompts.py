@@ -42,6 +42,12 @@ def native_lora(model_from, name, strength=1.0):
             "inputs": {"model": [model_from, 0], "lora_name": name, "strength_model": strength}}
 
 
+def gguf_loaders(prompt: dict) -> dict:
+    """The prompt with ComfyUI-GGUF's UnetLoaderGGUF in place of each UNETLoader (same node ids and files)."""
+    return {k: ({"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": v["inputs"]["unet_name"]}}
+                if v["class_type"] == "UNETLoader" else v) for k, v in prompt.items()}
+
+
 def bridged(high=None, low=None, loras=None):
     """UNETLoader(s) -> (LoraLoaderModelOnly) -> Wan2.2 Experts from MODEL, as node "1"."""
     nodes, inputs = {}, {}

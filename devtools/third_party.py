@@ -1,0 +1,60 @@
+"""The third-party packs that Wan2.2 users run beside ours (ComfyUI-GGUF, KJNodes), for interop tests only.
+
+They are not dependencies of the pack and are not in the repository: the tests take unmodified copies from
+a folder beside the checkout (`../shared/third_party`, or the folder `WAN22_THIRD_PARTY` names), link them
+into the test ComfyUI's custom_nodes and load them as ComfyUI loads any custom node. Where a copy is not
+there, the tests that need it are skipped and say why."""
+
+from __future__ import annotations
+
+import os
+
+from .paths import ROOT
+
+FOLDER = os.environ.get("WAN22_THIRD_PARTY") or os.path.join(os.path.dirname(ROOT), "shared", "third_party")
+PACKS = {"gguf": ("ComfyUI-GGUF", "UnetLoaderGGUF"), "kjnodes": ("ComfyUI-KJNodes", "PathchSageAttentionKJ")}
+
+
+def missing(pack: str) -> str | None:
+    """Why `pack` cannot be loaded here (None when it can)."""
+    folder, _ = PACKS[pack]
+    path = os.path.join(FOLDER, folder)
+    if not os.path.isfile(os.path.join(path, "__init__.py")):
+        return f"{folder} is not at {path} (set WAN22_THIRD_PARTY to a folder holding an unmodified copy)"
+    if pack == "gguf":
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            return "the gguf package is not installed (requirements-dev.txt)"
+    return None
+
+
+def load(harness, pack: str) -> None:
+    """Links `pack` into the in-process ComfyUI's custom_nodes and loads it there (once per process)."""
+    import nodes
+
+    folder, node_id = PACKS[pack]
+    if node_id in nodes.NODE_CLASS_MAPPINGS:
+        return
+    link = os.path.join(harness.base_dir, "custom_nodes", folder)
+    if not os.path.islink(link):
+        os.symlink(os.path.join(FOLDER, folder), link)
+    if not harness.loop.run_until_complete(nodes.load_custom_node(link, module_parent="custom_nodes")):
+        raise RuntimeError(f"ComfyUI could not load {folder} from {link}")
+    if node_id not in nodes.NODE_CLASS_MAPPINGS:
+        raise RuntimeError(f"{folder} loaded without its {node_id} node")
+
+
+def server_links(base_dir: str, packs=("gguf", "kjnodes")) -> list[str]:
+    """Links the available packs into a ComfyUI base directory's custom_nodes, for a server started on it;
+    returns the ones linked."""
+    linked = []
+    for pack in packs:
+        if missing(pack) is None:
+            folder, _ = PACKS[pack]
+            link = os.path.join(base_dir, "custom_nodes", folder)
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            if not os.path.islink(link):
+                os.symlink(os.path.join(FOLDER, folder), link)
+            linked.append(pack)
+    return linked
