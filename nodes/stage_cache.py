@@ -32,12 +32,25 @@ CARRIERS = {"lead": "lead stage's high-noise expert", "high": "high-noise expert
             "model": "MODEL"}
 
 
+# While cache-dit runs a call, ComfyUI's Wan block loop sees one block (cache-dit's, which runs the real ones): the
+# index and count it puts in transformer_options would read 0 and 1, and the per-block patches it applies by index
+# would apply to the whole stack or not at all. The cached loop gives every block its own (IndexedBlocks): the
+# replace patches (patches_replace dit double_block i) are moved out of that loop's sight, to this key, for the
+# blocks to apply themselves.
+BLOCK_REPLACE = "wan22_block_replace"
+HONOURED = "double_block"  # the replace patches a block can apply alone: they need only its index and arguments
+
+
+def replace_patches(transformer_options: dict) -> dict:
+    return transformer_options.get("patches_replace", {}).get("dit", {})
+
+
 def block_patches(transformer_options: dict) -> list[str]:
-    """The per-block patches that ComfyUI's Wan block loop would apply. While cache-dit runs, it swaps the
-    model's block list for one wrapper, so that loop sees a single block and these would silently stop
-    applying: they are refused instead."""
-    replaced = transformer_options.get("patches_replace", {}).get("dit", {})
-    found = [f"patches_replace dit {kind} {index}" for kind, index in replaced]
+    """The per-block patches that the cached loop cannot honour: ComfyUI's `double_block` patches, which take
+    the model's input and its unmodulated timestep embedding beside the block's output (nothing a block call
+    carries), and replace patches of other kinds than a Wan block's."""
+    found = [f"patches_replace dit {kind} {index}" for kind, index in replace_patches(transformer_options)
+             if kind != HONOURED]
     found += [f"patches {kind}" for kind in transformer_options.get("patches", {}) if kind == "double_block"]
     return found
 
@@ -46,8 +59,68 @@ def refuse_block_patches(transformer_options: dict, stage: str, turn_off: str = 
     found = block_patches(transformer_options)
     if found:
         raise Wan22InputError("enabled", f"the {CARRIERS[stage]} carries per-block model patches "
-                                         f"({', '.join(found[:3])}) that Wan2.2 Cache-DiT's cached block loop would "
-                                         f"drop: {turn_off}, or remove the node that patches the model's blocks")
+                                         f"({', '.join(found[:3])}) that Wan2.2 Cache-DiT's cached block loop "
+                                         f"cannot apply: {turn_off}, or remove the node that patches the model's "
+                                         "blocks")
+
+
+def replaced_blocks(transformer_options: dict) -> tuple:
+    return tuple(sorted(index for kind, index in replace_patches(transformer_options) if kind == HONOURED))
+
+
+class IndexedBlocks:
+    """Each block of a cached diffusion model, for one stage, runs as it runs in ComfyUI's own block loop:
+    with its index and the block count in transformer_options (attention overrides and block patches read
+    them), and through its replace patch when it has one, called the way that loop calls it (the patch gets
+    the block's arguments and the original block). Only the blocks cache-dit computes are called, so a
+    patch applies on every computed block and on none of the skipped ones, as every other part of them.
+    Installed as an instance `forward` of each block (the objects stay those ComfyUI holds, and so does any
+    wrapper around them, e.g. a compiled block), removed after the stage."""
+
+    def __init__(self, blocks):
+        self.blocks = list(blocks)
+        self.saved = []
+
+    def install(self) -> None:
+        total = len(self.blocks)
+        for i, block in enumerate(self.blocks):
+            own = vars(block).get("forward")
+            self.saved.append(own)
+            block.forward = self.forward_of(i, total, own if own is not None else type(block).forward.__get__(block))
+
+    def remove(self) -> None:
+        for block, own in zip(self.blocks, self.saved):
+            if own is None:
+                vars(block).pop("forward", None)
+            else:
+                block.forward = own
+        self.saved = []
+
+    @staticmethod
+    def forward_of(i: int, total: int, inner):
+        def forward(x, *args, transformer_options=None, **kwargs):
+            options = {} if transformer_options is None else transformer_options
+            options["block_index"], options["total_blocks"] = i, total
+            replace = options.get(BLOCK_REPLACE, {}).get((HONOURED, i))
+            if replace is None:
+                return inner(x, *args, transformer_options=options, **kwargs)
+            context_img_len = kwargs.get("context_img_len")
+
+            def original_block(a):
+                return {"img": inner(a["img"], context=a["txt"], e=a["vec"], freqs=a["pe"],
+                                     context_img_len=context_img_len, transformer_options=a["transformer_options"])}
+            return replace({"img": x, "txt": kwargs["context"], "vec": kwargs["e"], "pe": kwargs["freqs"],
+                            "transformer_options": options}, {"original_block": original_block})["img"]
+        return forward
+
+
+def hide_replace_patches(options: dict) -> None:
+    """Moves the Wan block replace patches of one transformer call (its own transformer_options, copied per
+    call by ComfyUI) from the block loop's sight to the blocks' (IndexedBlocks)."""
+    replace = options.get("patches_replace", {})
+    if "dit" in replace:
+        options[BLOCK_REPLACE] = replace["dit"]
+        options["patches_replace"] = {kind: value for kind, value in replace.items() if kind != "dit"}
 
 
 def sampler_names(sampler) -> list[str]:
@@ -107,6 +180,7 @@ class StageCache:
         self.cfg_batching = None
         self.pass_order: tuple[str, ...] = ()
         self.prompts = None  # the prompts present in an evaluation, as the first one had them
+        self.replaced = None  # the blocks with a replace patch, as the first evaluation had them
         self.pattern = None  # the prompts of each transformer call of the first evaluation
         self.calls_now = None  # ... of the evaluation in progress (None outside an evaluation)
         self.evaluations_seen = 0
@@ -142,10 +216,11 @@ class StageCache:
             raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is already cached by another Cache-DiT "
                                              "node in this sampling (a Wan2.2 Cache-DiT (MODEL) node and the Wan2.2 "
                                              "Cache-DiT node on one expert?): keep one of them")
-        counters = []
+        counters, indexed = [], IndexedBlocks(self.diffusion_model.blocks)
         try:
             if self.installed:
                 install(self.diffusion_model, self.config, self.plan.calibrator_config())
+                indexed.install()
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
             self.summary = summary_of(self.diffusion_model) if self.installed else None
@@ -153,6 +228,7 @@ class StageCache:
         finally:
             for counter in counters:
                 counter.remove()
+            indexed.remove()
             remove(self.diffusion_model)
 
     def count_block(self, _module, _args, _output):
@@ -163,7 +239,17 @@ class StageCache:
     def calc_cond_batch(self, executor, *args, **kwargs):
         conds = call_argument(executor, args, kwargs, "conds")
         model_options = call_argument(executor, args, kwargs, "model_options")
-        refuse_block_patches(model_options.get("transformer_options", {}), self.stage, self.turn_off)
+        options = model_options.get("transformer_options", {})
+        refuse_block_patches(options, self.stage, self.turn_off)
+        if self.replaced is None:
+            self.replaced = replaced_blocks(options)
+        elif replaced_blocks(options) != self.replaced:
+            found = [f"patches_replace dit {HONOURED} {i}" for i in replaced_blocks(options) or self.replaced]
+            raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} carries per-block model patches "
+                                             f"({', '.join(found[:3])}) on some of its evaluations only (a guidance "
+                                             "node that runs the model again with blocks replaced, as Skip Layer "
+                                             "Guidance does), which the cache would mix with the others: "
+                                             f"{self.turn_off}, or remove the node that patches the model's blocks")
         present = tuple(i for i, cond in enumerate(conds) if cond is not None)
         if self.prompts is None:
             self.prompts = present
@@ -189,6 +275,8 @@ class StageCache:
     def diffusion_model_call(self, executor, *args, **kwargs):
         options = call_argument(executor, args, kwargs, "transformer_options")
         refuse_block_patches(options, self.stage, self.turn_off)  # patches that come with a prompt's conditioning
+        if self.installed:
+            hide_replace_patches(options)
         order = prompt_indices(options)
         calls = self.calls_now
         if calls is None:

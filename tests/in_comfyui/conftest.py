@@ -58,3 +58,17 @@ def gguf_comfyui(comfyui):
 def kj_comfyui(comfyui):
     """The in-process ComfyUI with KJNodes loaded too (skipped where its copy is not there)."""
     return third_party_pack(comfyui, "kjnodes")
+
+
+@pytest.fixture
+def probe_nodes(comfyui, monkeypatch):
+    """The test-only patching nodes of probe_nodes.py registered in the in-process ComfyUI; their records."""
+    import nodes
+
+    from . import probe_nodes as probes
+
+    for name, node in probes.NODES.items():
+        monkeypatch.setitem(nodes.NODE_CLASS_MAPPINGS, name, node)
+    for calls in probes.RECORDED.values():
+        calls.clear()
+    return probes.RECORDED

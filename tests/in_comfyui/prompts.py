@@ -48,6 +48,21 @@ def gguf_loaders(prompt: dict) -> dict:
                 if v["class_type"] == "UNETLoader" else v) for k, v in prompt.items()}
 
 
+def on_each_expert(prompt: dict, class_type: str, **inputs) -> dict:
+    """The prompt with a MODEL node (`class_type`, its other inputs) right after each expert's loader ("10"
+    high, "11" low), as "50" / "51": the same place in our graph and in the native one."""
+    p = {k: {**v, "inputs": dict(v["inputs"])} for k, v in prompt.items()}
+    for loader_id, node_id in (("10", "50"), ("11", "51")):
+        if loader_id not in p:
+            continue
+        for node in p.values():
+            for name, value in node["inputs"].items():
+                if value == [loader_id, 0]:
+                    node["inputs"][name] = [node_id, 0]
+        p[node_id] = {"class_type": class_type, "inputs": {"model": [loader_id, 0], **inputs}}
+    return p
+
+
 def bridged(high=None, low=None, loras=None):
     """UNETLoader(s) -> (LoraLoaderModelOnly) -> Wan2.2 Experts from MODEL, as node "1"."""
     nodes, inputs = {}, {}

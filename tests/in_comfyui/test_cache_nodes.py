@@ -255,8 +255,10 @@ def test_an_interrupted_cached_run_leaves_no_trace_and_the_same_prompt_then_equa
     assert torch.equal(again, latent_of(comfyui, FINAL["ours"], fresh))
 
 
-def test_a_per_block_patch_is_refused_by_name_with_the_cache_on_and_honoured_without(comfyui, tiny_models):
-    """ComfyUI's own Skip Layer Guidance replaces block 1 of the high-noise expert in an extra pass."""
+def test_a_block_patch_on_extra_evaluations_is_refused_by_name_with_the_cache_on_and_honoured_without(comfyui,
+                                                                                                     tiny_models):
+    """ComfyUI's own Skip Layer Guidance replaces block 1 of the high-noise expert in an extra pass (a block
+    replace patch on every evaluation is honoured: test_model_patches)."""
     high, low = expert_files(tiny_models)
     slg = {"class_type": "SkipLayerGuidanceDiT",
            "inputs": {"model": ["10", 0], "double_layers": "1", "single_layers": "", "scale": 3.0,
@@ -267,7 +269,8 @@ def test_a_per_block_patch_is_refused_by_name_with_the_cache_on_and_honoured_wit
     prompt["1"]["inputs"]["high_noise_model"] = ["9", 0]
     message = failed_at_run(comfyui, prompt)
     assert message.startswith("enabled: the high-noise expert carries per-block model patches")
-    assert "patches_replace dit double_block 1" in message and "Wan2.2 Cache-DiT node" in message
+    assert "patches_replace dit double_block 1) on some of its evaluations only" in message
+    assert "Wan2.2 Cache-DiT node" in message
     prompt["20"]["inputs"]["enabled"] = False
     result = run_ok(comfyui, prompt)
     ours = latent_of(comfyui, FINAL["ours"])
