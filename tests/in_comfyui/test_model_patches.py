@@ -26,8 +26,8 @@ def equal_to_native(comfyui, tiny, cache, class_type, **inputs):
     result = run_ok(comfyui, on_each_expert(our_prompt(bridged(high, low), text_folder(tiny), cache=cache, **RUN),
                                             class_type, **inputs))
     ours = latent_of(comfyui, FINAL["ours"])
-    run_ok(comfyui, on_each_expert(native_prompt(high, low, text_folder(tiny), switch=report_of(result)["split"]["high"],
-                                                 **RUN), class_type, **inputs))
+    native = native_prompt(high, low, text_folder(tiny), switch=report_of(result)["split"]["high"], **RUN)
+    run_ok(comfyui, on_each_expert(native, class_type, **inputs))
     return result, torch.equal(ours, latent_of(comfyui, FINAL["native"]))
 
 
