@@ -123,6 +123,25 @@ def hide_replace_patches(options: dict) -> None:
         options["patches_replace"] = {kind: value for kind, value in replace.items() if kind != "dit"}
 
 
+def sharing_parts(model_options: dict) -> list[str]:
+    """What else on the sampled MODEL runs the expert in a way a Cache-DiT context cannot follow, each named
+    for the user: another cache (ComfyUI's EasyCache and LazyCache skip whole model calls by their own
+    measure, so cache-dit would see fewer steps than it was sized with, or cache on top of a cache), context
+    windows (each frame window is one more call of the same step: cache-dit would compare one window's
+    residual with another's) and the MultiGPU CFG split (its clones run some prompts on other devices,
+    uncached, in threads)."""
+    options = model_options.get("transformer_options", {})
+    keys = {key for by_key in options.get("wrappers", {}).values() for key in by_key}
+    found = []
+    if "easycache" in options or keys & {"easycache", "lazycache"}:
+        found.append("ComfyUI's EasyCache or LazyCache (another cache on the same expert)")
+    if model_options.get("context_handler") is not None:
+        found.append("context windows (a Context Windows node; each frame window is another call of every step)")
+    if len(model_options.get("multigpu_clones") or {}) > 1:
+        found.append("the MultiGPU CFG Split (its clones run some prompts on other devices, uncached)")
+    return found
+
+
 def sampler_names(sampler) -> list[str]:
     """The names of ComfyUI's samplers that `sampler` (the KSAMPLER whose sample call a SAMPLER_SAMPLE wrapper
     wraps) can be, matched by its sampling function against what ComfyUI's own `sampler_object` builds for
@@ -204,6 +223,11 @@ class StageCache:
         # and unpatches them by their block names after this returns.
         self._reset()
         guider = call_argument(executor, args, kwargs, "model_wrap")
+        sharing = sharing_parts(getattr(guider, "model_options", {}))
+        if sharing:
+            raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is also run by {'; '.join(sharing)}, "
+                                             f"which Cache-DiT cannot share a stage with: {self.turn_off}, or remove "
+                                             "that node")
         sigmas = call_argument(executor, args, kwargs, "sigmas")
         self.per_step = evaluations_of(executor.class_obj, [float(s) for s in sigmas], self.stage, self.turn_off)
         self.evaluations = sum(self.per_step)
@@ -265,8 +289,8 @@ class StageCache:
         calls, self.calls_now = tuple(self.calls_now), None
         if self.pattern is None:
             if len(calls) != (2 if self.cfg_batching == "separate" else 1):
-                raise self.changed(f"its first step reached the transformer as {describe_calls(calls)}, which "
-                                   "Cache-DiT cannot pair with its steps (conditioning with several entries or areas?)")
+                raise self.entries_or(calls, f"its first step reached the transformer as {describe_calls(calls)}, "
+                                             "which Cache-DiT cannot pair with its steps")
             self.pattern = calls
         return out
 
@@ -289,9 +313,10 @@ class StageCache:
             fits = (not calls if self.cfg_batching != "separate" else
                     len(order) == 1 and order[0] in self.prompts and all(order != c for c in calls))
         if not fits:
-            raise self.changed(f"a call with {describe_calls([order])} after {describe_calls(calls) or 'none'} in "
-                               f"this step, where its first step had {describe_calls(self.pattern or calls)} "
-                               "(ComfyUI batches the prompts by free memory, which changed)")
+            raise self.entries_or(calls + [order], f"a call with {describe_calls([order])} after "
+                                                   f"{describe_calls(calls) or 'none'} in this step, where its first "
+                                                   f"step had {describe_calls(self.pattern or calls)} (ComfyUI "
+                                                   "batches the prompts by free memory, which changed)")
         calls.append(order)
         self.calls += 1
         return executor(*args, **kwargs)
@@ -312,6 +337,25 @@ class StageCache:
         else:
             raise self.changed(f"its first call carried {describe_calls([order])} of the prompts "
                                f"{describe_calls([self.prompts])}")
+
+    def entries_or(self, calls, what: str) -> Wan22InputError:
+        """The error for calls that do not fit the stage's pattern. A prompt whose conditioning has several
+        entries (ConditioningCombine, ConditioningSetTimestepRange pairs, areas) reaches the transformer as
+        one batch chunk per entry: the cache follows it while ComfyUI batches all of them in one call each
+        step, and the error names that, not memory, when it does not."""
+        seen = [index for call in calls for index in call]
+        first = [index for call in (self.pattern or ()) for index in call]
+        several = sorted({PROMPT_NAMES.get(i, str(i)) for i in seen + first if seen.count(i) > 1 or first.count(i) > 1})
+        if not several:
+            return self.changed(what)
+        entries = " and ".join(f"the {name} prompt's" for name in several)
+        return Wan22InputError("enabled", f"Cache-DiT cannot follow the {STAGE_WORDS[self.stage]} stage: "
+                                          f"{entries} conditioning has several entries (ConditioningCombine, "
+                                          "ConditioningSetTimestepRange ranges that overlap, areas or masks, or "
+                                          "texts of lengths ComfyUI cannot batch), which reached the transformer "
+                                          f"as {describe_calls(calls)} in one step. The cache follows several "
+                                          "entries only while each step runs them in one call: give each prompt "
+                                          f"one conditioning per step, or {self.turn_off}")
 
     def changed(self, what: str) -> Wan22InputError:
         return Wan22InputError("enabled", f"Cache-DiT cannot follow the {STAGE_WORDS[self.stage]} stage: it saw "
