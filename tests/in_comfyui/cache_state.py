@@ -30,3 +30,12 @@ def leftovers(module) -> list[str]:
     found += [f"{name or '<model>'}:hooks" for name, sub in module.named_modules()
               if sub._forward_hooks or sub._forward_pre_hooks]
     return found
+
+
+def leftovers_of_the_cache(module) -> list[str]:
+    """leftovers() on the model, its block list and each block only: where the cached loop installs anything.
+    Other nodes' object patches on parts inside the blocks (blocks.0.ffn.forward, ...), which ComfyUI keeps
+    applied while a model stays loaded, are not the cache's."""
+    def owner(found):  # the module a leftovers() entry is on
+        return found[:-len(":hooks")] if found.endswith(":hooks") else found.rsplit(".", 1)[0]
+    return [found for found in leftovers(module) if owner(found).count(".") <= 1]
