@@ -20,7 +20,7 @@ import_pack()
 from wan22_cachedit.nodes.core.diffusers_folder import to_comfy_layout  # noqa: E402
 
 PREFIX = "model.diffusion_model."
-IN_CHANNELS = {"t2v": 16, "i2v": 36, "ti2v": 48}
+IN_CHANNELS = {"t2v": 16, "i2v": 36, "fun_control": 52, "ti2v": 48}
 SINGLE_FILE_FORMATS = ("fp32", "fp16", "bf16", "fp8_scaled", "fp8_comfy_quant")
 FP8_MAX = 448.0  # largest float8_e4m3fn
 
@@ -99,6 +99,40 @@ def write_single_file(model: WanTransformer3DModel, path: str, fmt: str = "fp16"
     tensors, metadata = single_file_tensors(model, fmt)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     save_file(tensors, path, metadata=metadata)
+    return path
+
+
+# --- the other Wan2.2 A14B variants, in ComfyUI's own layout: Fun-Control (52 channels in, a reference image
+# embedding) and VACE (VACE blocks beside the main ones). Fun-InP has the image-to-video layout (36 channels).
+
+def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) -> dict[str, torch.Tensor]:
+    """fp16 single-file tensors of `model` with what the variant adds, random: `fun_control` (a 52-channel
+    model) gets `ref_conv` (the reference latent's 16 channels to the width, on 2x2 patches), `vace` gets a VACE
+    patch embedding (96 channels: VACE frames and masks) and one VACE block (a block with its in/out projections)."""
+    tensors, _ = single_file_tensors(model, "fp16")
+    dim = model.config.num_attention_heads * model.config.attention_head_dim
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.float16)
+    if variant == "fun_control":
+        tensors[PREFIX + "ref_conv.weight"], tensors[PREFIX + "ref_conv.bias"] = rand(dim, 16, 2, 2), rand(dim)
+    elif variant == "vace":
+        tensors[PREFIX + "vace_patch_embedding.weight"] = rand(dim, 96, 1, 2, 2)
+        tensors[PREFIX + "vace_patch_embedding.bias"] = rand(dim)
+        for name in [k for k in tensors if k.startswith(PREFIX + "blocks.0.")]:
+            tensors[name.replace("blocks.0.", "vace_blocks.0.")] = tensors[name].clone()
+        for proj in ("before_proj", "after_proj"):
+            tensors[f"{PREFIX}vace_blocks.0.{proj}.weight"] = rand(dim, dim)
+            tensors[f"{PREFIX}vace_blocks.0.{proj}.bias"] = rand(dim)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    return tensors
+
+
+def write_variant(model: WanTransformer3DModel, path: str, variant: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(variant_tensors(model, variant), path, metadata={"format": "pt"})
     return path
 
 

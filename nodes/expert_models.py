@@ -7,7 +7,7 @@ import comfy.ldm.wan.model
 import comfy.model_base
 
 from .core import experts as core_experts
-from .core.architecture import ExpertArchitecture, check_matching, check_task, not_an_expert
+from .core.architecture import ExpertArchitecture, check_matching, check_task, not_an_expert, vace_expert
 from .core.errors import Wan22InputError
 
 UNKNOWN_SOURCE = "MODEL"  # what the report names when nothing says which file a MODEL came from
@@ -24,6 +24,8 @@ def architecture_of(model, input_name: str) -> ExpertArchitecture:
                                           "the high-noise or low-noise expert of Wan2.2 A14B, e.g. from Load "
                                           "Diffusion Model")
     config = base.model_config.unet_config
+    if config.get("model_type") == "vace":
+        raise vace_expert(input_name, what)
     if config.get("model_type") not in ("t2v", "i2v"):
         raise not_an_expert(input_name, what, f"it is a Wan {config.get('model_type')} model")
     check_task(config["in_dim"], input_name, what)

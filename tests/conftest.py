@@ -105,6 +105,30 @@ def gguf_experts(tiny_models):
     return names
 
 
+VARIANT_NAMES = {"fun_inpaint": "wan2.2_fun_inpaint_{role}_noise_14B_fp16.safetensors",
+                 "fun_control": "wan2.2_fun_control_{role}_noise_14B_fp16.safetensors",
+                 "vace": "wan2.2_fun_vace_{role}_noise_14B_fp16.safetensors"}
+
+
+@pytest.fixture(scope="session")
+def variant_experts(tiny_models):
+    """Tiny Wan2.2 A14B variants in the models folder, named as ComfyUI's repackaged files: Fun-InP (the
+    image-to-video layout), Fun-Control (52 channels in, a reference embedding) and VACE; {(variant, role): name}."""
+    names = {}
+    for seed, (variant, pattern) in enumerate(VARIANT_NAMES.items(), start=71):
+        for role, offset in (("high", 0), ("low", 10)):
+            name = pattern.format(role=role)
+            path = os.path.join(tiny_models["dir"], "diffusion_models", name)
+            task = {"fun_inpaint": "i2v", "fun_control": "fun_control", "vace": "t2v"}[variant]
+            model = tiny_wan.make_expert(task, seed + offset)
+            if variant == "fun_inpaint":
+                tiny_wan.write_single_file(model, path, "fp16")
+            else:
+                tiny_wan.write_variant(model, path, variant)
+            names[(variant, role)] = name
+    return names
+
+
 @pytest.fixture(scope="session")
 def comfyui(tmp_path_factory, tiny_models):
     """The pack loaded into a real ComfyUI in this process, with the tiny models in its models folder."""

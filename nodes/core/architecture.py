@@ -12,9 +12,16 @@ from dataclasses import dataclass
 from .errors import Wan22InputError
 
 HEAD_DIM = 128  # Wan's attention head width: ComfyUI derives num_heads = dim // 128 the same way
-TASKS = {16: "t2v", 36: "i2v"}  # in-channels: 16 noise; image-to-video adds 4 mask + 16 image channels
-TASK_WORDS = {"t2v": "text-to-video", "i2v": "image-to-video"}
-WAN_TOP_LEVEL = {"patch_embedding", "text_embedding", "time_embedding", "time_projection", "blocks", "head"}
+# In-channels: 16 noise; image-to-video (and Fun-InP, the same layout) adds 4 mask + 16 start-image channels;
+# Fun-Control adds 16 control-video + 4 mask + 16 start-image channels (Wan22FunControlToVideo's layout).
+TASKS = {16: "t2v", 36: "i2v", 52: "fun_control"}
+TASK_WORDS = {"t2v": "text-to-video", "i2v": "image-to-video", "fun_control": "Fun-Control"}
+TASK_LABELS = {"t2v": "T2V", "i2v": "I2V", "fun_control": "Fun-Control"}
+# ref_conv: Fun-Control's reference image embedding (ComfyUI puts its tokens in front of the sequence)
+WAN_TOP_LEVEL = {"patch_embedding", "text_embedding", "time_embedding", "time_projection", "blocks", "head", "ref_conv"}
+VACE_WHY = ("VACE adds its control hints to the hidden state after given blocks, so a block cache that skips those "
+            "blocks would drop the hints of every cached step: run VACE experts without Cache-DiT, with ComfyUI's "
+            "own nodes (KSamplerAdvanced)")
 REQUIRED_TENSORS = ("patch_embedding.weight", "head.modulation", "head.head.weight", "blocks.0.ffn.0.weight",
                     "text_embedding.0.weight")
 
@@ -47,8 +54,12 @@ def not_an_expert(input_name: str, what: str, why: str) -> Wan22InputError:
 def check_task(in_channels: int, input_name: str, what: str) -> None:
     if in_channels not in TASKS:
         raise not_an_expert(input_name, what, f"{in_channels} input channels; the A14B experts have 16 "
-                                              "(text-to-video) or 36 (image-to-video), the 5B model has 48 and is "
-                                              "a single transformer")
+                                              "(text-to-video), 36 (image-to-video, Fun-InP) or 52 (Fun-Control), "
+                                              "the 5B model has 48 and is a single transformer")
+
+
+def vace_expert(input_name: str, what: str) -> Wan22InputError:
+    return Wan22InputError(input_name, f"{what} is a Wan2.2 VACE expert, which the pack refuses: {VACE_WHY}")
 
 
 def architecture_from_shapes(shapes: dict[str, list[int]], input_name: str, what: str) -> ExpertArchitecture:
@@ -56,6 +67,8 @@ def architecture_from_shapes(shapes: dict[str, list[int]], input_name: str, what
     missing = [k for k in REQUIRED_TENSORS if k not in shapes]
     if missing:
         raise not_an_expert(input_name, what, f"missing tensor {missing[0]}" if shapes else "no tensors")
+    if any(name.startswith("vace_") for name in shapes):
+        raise vace_expert(input_name, what)
     extra = sorted({name.split(".")[0] for name in shapes} - WAN_TOP_LEVEL - {"scaled_fp8"})
     if extra:
         raise not_an_expert(input_name, what, f"unexpected tensors {', '.join(x + '.*' for x in extra[:4])}: Wan2.1 "

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .architecture import ExpertArchitecture
+from .architecture import TASK_LABELS, ExpertArchitecture
 from .errors import Wan22InputError
 
 ROLES = ("high", "low")
@@ -20,7 +20,7 @@ EXPERT_INPUTS = {"high": "high_noise_model", "low": "low_noise_model"}
 NONE = "none"
 
 # Official Wan2.2 A14B boundaries, by task.
-DEFAULT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900}
+DEFAULT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900, "fun_control": 0.900}  # Fun models train on the I2V split
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Wan22Experts:
 
     def summary(self) -> str:
         loaded = " + ".join(self.models())
-        return (f"Wan2.2 {self.task.upper()} experts: {loaded} ({self.architecture.describe()})"
+        return (f"Wan2.2 {TASK_LABELS[self.task]} experts: {loaded} ({self.architecture.describe()})"
                 + "".join(f"; {n.role} LoRA {n.file} x{n.strength:g}" for n in self.loras))
 
 

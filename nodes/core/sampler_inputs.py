@@ -22,7 +22,11 @@ def check_conditioning(conditioning, input_name: str, architecture: ExpertArchit
         has_image = extras.get("concat_latent_image") is not None
         if architecture.task == "i2v" and not has_image:
             raise Wan22InputError(input_name, "the image-to-video experts need a start image: pass positive and "
-                                              "negative through WanImageToVideo with a start_image")
+                                              "negative through WanImageToVideo (WanFunInpaintToVideo for Fun-InP) "
+                                              "with a start_image")
+        if architecture.task == "fun_control" and not has_image:
+            raise Wan22InputError(input_name, "the Fun-Control experts need their control latent: pass positive and "
+                                              "negative through Wan22FunControlToVideo")
         if architecture.task == "t2v" and has_image:
             raise Wan22InputError(input_name, "carries an image-to-video start image (from WanImageToVideo), but "
                                               "the experts are text-to-video: load the Wan2.2 I2V experts, or use "
