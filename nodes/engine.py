@@ -143,6 +143,9 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
     stages = plan_stages(experts, schedule, cfg)
     plan = experts.cache_plan
     record = RunRecord(split=schedule.split, stages=tuple(stage.name for stage in stages))
+    compiled = {stage.name: kwargs["backend"] for stage in stages
+                if (kwargs := stage.model.model_options.get("torch_compile_kwargs"))}
+    graphs = dynamo_graphs()
     out = latent
     for stage in stages:
         calls = StageCalls(stage.name, stage.sigmas)
@@ -159,4 +162,14 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
                                     evaluations=n, stage=stage.name) for i, n in enumerate(per_step)]
         if cache is not None:
             record.cache[stage.name] = cache.statistics(experts.architecture.num_layers)
+    if compiled:
+        record.compile = {"backend": compiled, "graphs_compiled": dynamo_graphs() - graphs}
     return out, record
+
+
+def dynamo_graphs() -> int:
+    """The graphs torch.compile has compiled in this process so far (dynamo's own count): a run that compiles
+    none has reused what earlier runs compiled."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -37,6 +37,7 @@ class RunRecord:
     forward_passes: dict[str, int] = field(default_factory=dict)  # prompts in those calls
     seconds: dict[str, float] = field(default_factory=dict)
     cache: dict = field(default_factory=dict)  # per cached stage: cache-dit's statistics
+    compile: dict | None = None  # with torch.compile on the experts: its backend per stage, graphs compiled
 
     def __post_init__(self):
         # The report always names both experts' stages (0 when one has no steps), and the lead only if run.
@@ -78,6 +79,7 @@ def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord
         "forward_passes": dict(record.forward_passes),
         "expert_per_step": [s.expert for s in record.steps],
         "cache": {"plan": experts.cache_plan.summary() if experts.cache_plan else None, **record.cache},
+        "compile": record.compile,
     }
     lead = schedule.lead
     if lead is not None:
