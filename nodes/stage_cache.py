@@ -208,6 +208,7 @@ class StageCache:
         self.block_forwards = 0
         self.calls = 0  # transformer calls
         self.summary = None
+        self.held = None  # the tensors cache-dit held at the stage's end: {"bytes", "devices"}
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
@@ -248,6 +249,7 @@ class StageCache:
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
             self.summary = summary_of(self.diffusion_model) if self.installed else None
+            self.held = held_by(self.diffusion_model) if self.installed else None
             return out
         finally:
             for counter in counters:
@@ -366,6 +368,8 @@ class StageCache:
         stats = core.statistics(self.plan, self.role, self.summary, self.config.strify(), self.evaluations,
                                 self.cfg_batching, self.pass_order, self.calls, self.block_forwards, layers)
         stats["cached"] = self.installed  # False: the stage ran without cache-dit (its note says why)
+        stats["held_bytes"] = self.held["bytes"] if self.held else 0
+        stats["held_on"] = self.held["devices"] if self.held else []
         return stats
 
 
@@ -407,6 +411,38 @@ def remove(diffusion_model) -> None:
     forward = vars(diffusion_model).get("forward")
     if forward is not None and getattr(forward, "__func__", None) is type(diffusion_model).forward:
         del diffusion_model.forward
+
+
+def held_by(diffusion_model) -> dict:
+    """What cache-dit's contexts on the model hold: the bytes of every tensor in their buffers (the cached
+    residuals and hidden states) and calibrators (TaylorSeer's derivatives), each counted once, and the
+    devices they are on."""
+    import torch
+
+    manager = getattr(diffusion_model, "_context_manager", None)
+    seen, found = set(), []
+
+    def walk(value, depth=0):
+        if isinstance(value, torch.Tensor):
+            if id(value) not in seen:
+                seen.add(id(value))
+                found.append(value)
+        elif depth < 12 and isinstance(value, dict):
+            for v in value.values():
+                walk(v, depth + 1)
+        elif depth < 12 and isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v, depth + 1)
+        elif depth < 12 and hasattr(value, "__dict__") and type(value).__module__.startswith("cache_dit"):
+            walk(vars(value), depth + 1)
+    for name in getattr(diffusion_model, "_context_names", ()) if manager is not None else ():
+        context = manager.get_context(name)
+        walk(context.buffers)
+        for calibrator in (context.calibrator, context.encoder_calibrator, context.cfg_calibrator,
+                           context.cfg_encoder_calibrator):
+            walk(calibrator)
+    return {"bytes": sum(t.numel() * t.element_size() for t in found),
+            "devices": sorted({str(t.device) for t in found})}
 
 
 def summary_of(diffusion_model):
