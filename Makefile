@@ -24,6 +24,7 @@ bench: setup
 	$(PY) -m bench.run
 	$(PY) -m bench.endurance
 	$(PY) -m bench.few_steps
+	$(PY) -m bench.compile
 
 clean:
 	rm -rf .demo .pytest_cache
