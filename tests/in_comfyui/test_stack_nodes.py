@@ -2,6 +2,7 @@
 nothing cached, the output equals ComfyUI's own graph with the same node) or it is refused before anything
 runs, naming the node and what to do, with nothing left on the experts."""
 
+import pytest
 import torch
 
 from .cache_state import leftovers
@@ -13,9 +14,9 @@ CACHING = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_s
 NEVER = {"residual_diff_threshold": 0.001, "high_warmup_steps": 1, "low_warmup_steps": 1}  # installed, caches none
 
 
-def graphs(tiny, cache, run=None, **node):
+def graphs(tiny, cache, run=None, fmt="fp16", **node):
     """(ours, native) on the bridge, with `node` ({"class_type": ..., inputs}) after each expert's loader."""
-    high, low = expert_files(tiny)
+    high, low = expert_files(tiny, fmt=fmt)
     run = {**RUN, **(run or {})}
     ours = our_prompt(bridged(high, low), text_folder(tiny), cache=cache, **run)
     native = native_prompt(high, low, text_folder(tiny), switch=None, **run)
@@ -51,6 +52,21 @@ def refused(comfyui, prompt, *words):
 
 
 # --- ComfyUI's own nodes ---
+
+@pytest.mark.parametrize("fmt, weight_dtype", [("fp8_scaled", "default"), ("fp8_comfy_quant", "default"),
+                                               ("fp16", "fp8_e4m3fn")])
+def test_fp8_experts_work_with_the_cache(comfyui, tiny_models, fmt, weight_dtype):
+    """ComfyUI's fp8 files (scaled, comfy_quant) and its fp8 weight_dtype on Load Diffusion Model."""
+    pair = graphs(tiny_models, NEVER, fmt=fmt)
+    for prompt in pair:
+        for loader_id in ("10", "11"):
+            prompt[loader_id]["inputs"]["weight_dtype"] = weight_dtype
+    equals_native(comfyui, *pair)
+    ours, _ = graphs(tiny_models, CACHING, fmt=fmt)
+    for loader_id in ("10", "11"):
+        ours[loader_id]["inputs"]["weight_dtype"] = weight_dtype
+    report = report_of(run_ok(comfyui, ours))
+    assert report["cache"]["high"]["cached_steps"] and report["cache"]["low"]["cached_steps"]
 
 def test_easycache_and_lazycache_on_the_same_expert_are_refused_by_name(comfyui, tiny_models):
     for kind in ("EasyCache", "LazyCache"):
