@@ -103,3 +103,26 @@ def test_the_model_node_and_the_samplers_cache_on_one_expert_are_refused_and_lea
     assert "is already cached by another Cache-DiT node" in message and "keep one of them" in message
     models = unet_models(comfyui, executor)
     assert models and all(leftovers(m) == [] for m in models.values())
+
+
+def test_the_model_node_in_a_stack_honours_an_attention_override_and_refuses_another_cache(comfyui, tiny_models,
+                                                                                         probe_nodes):
+    """The MODEL node shares the sampler's stage lifecycle: the same block indices and the same refusals."""
+    from .prompts import on_each_expert
+
+    never = {"residual_diff_threshold": 0.001, "warmup_steps": 1}
+    native = on_each_expert(template(tiny_models, 9), "Wan22TestRecordAttention")
+    run_ok(comfyui, native)
+    expected = latent_of(comfyui, FINAL["native"])
+    assert {index for _, index, _ in probe_nodes["attention"]} == {0, 1, 2, 3}
+    probe_nodes["attention"].clear()
+    run_ok(comfyui, with_model_caches(native, high=never, low=never))
+    assert torch.equal(latent_of(comfyui, FINAL["native"]), expected)
+    assert {index for _, index, _ in probe_nodes["attention"]} == {0, 1, 2, 3}
+    easy = on_each_expert(template(tiny_models, 9), "EasyCache", reuse_threshold=0.2, start_percent=0.15,
+                          end_percent=0.95, verbose=False)
+    result = comfyui.run(with_model_caches(easy, high={}, low={}), executor=comfyui.new_executor())
+    assert result.valid and not result.success
+    message = result.execution_error()["exception_message"]
+    assert message.startswith("enabled: the MODEL is also run by ComfyUI's EasyCache or LazyCache")
+    assert "set enabled to false on the Wan2.2 Cache-DiT (MODEL) node" in message
