@@ -119,3 +119,18 @@ def test_a_damaged_diffusers_folder_is_refused_naming_the_file(tiny_models, tmp_
     weights.write_bytes(data[: len(data) // 2])
     e = refusal(lambda: F.inspect_folder(str(copy), "both"))
     assert e.input_name == "model_folder" and "truncated" in str(e) and "download the folder again" in str(e)
+
+
+@pytest.mark.parametrize("task", ["t2v", "i2v", "fun_control"])
+def test_a_gguf_header_gives_the_architecture_its_safetensors_twin_gives(tmp_path, task):
+    pytest.importorskip("gguf", reason="the gguf package (requirements-dev.txt) writes and reads GGUF files")
+    model = tiny_wan.make_expert(task, 3)
+    gguf_file = tiny_wan.write_gguf(model, str(tmp_path / "expert-Q8_0.gguf"), "Q8_0")
+    twin = tiny_wan.write_single_file(model, str(tmp_path / "expert.safetensors"), "fp16")
+    assert checkpoint.expert_architecture(gguf_file, "high_noise_model") == checkpoint.expert_architecture(
+        twin, "high_noise_model")
+    data = open(gguf_file, "rb").read()
+    with open(tmp_path / "truncated.gguf", "wb") as f:
+        f.write(data[: len(data) // 3])
+    error = refusal(lambda: checkpoint.expert_architecture(str(tmp_path / "truncated.gguf"), "high_noise_model"))
+    assert error.input_name == "high_noise_model" and "is not a readable GGUF file" in str(error)
