@@ -55,13 +55,15 @@ def block_patches(transformer_options: dict) -> list[str]:
     return found
 
 
+def block_patch_error(found: list[str], why: str, stage: str, turn_off: str) -> Wan22InputError:
+    return Wan22InputError("enabled", f"the {CARRIERS[stage]} carries per-block model patches ({', '.join(found[:3])})"
+                                      f"{why}: {turn_off}, or remove the node that patches the model's blocks")
+
+
 def refuse_block_patches(transformer_options: dict, stage: str, turn_off: str = TURN_OFF) -> None:
     found = block_patches(transformer_options)
     if found:
-        raise Wan22InputError("enabled", f"the {CARRIERS[stage]} carries per-block model patches "
-                                         f"({', '.join(found[:3])}) that Wan2.2 Cache-DiT's cached block loop "
-                                         f"cannot apply: {turn_off}, or remove the node that patches the model's "
-                                         "blocks")
+        raise block_patch_error(found, " that Wan2.2 Cache-DiT's cached block loop cannot apply", stage, turn_off)
 
 
 def replaced_blocks(transformer_options: dict) -> tuple:
@@ -267,15 +269,14 @@ class StageCache:
         model_options = call_argument(executor, args, kwargs, "model_options")
         options = model_options.get("transformer_options", {})
         refuse_block_patches(options, self.stage, self.turn_off)
+        replaced = replaced_blocks(options)
         if self.replaced is None:
-            self.replaced = replaced_blocks(options)
-        elif replaced_blocks(options) != self.replaced:
-            found = [f"patches_replace dit {HONOURED} {i}" for i in replaced_blocks(options) or self.replaced]
-            raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} carries per-block model patches "
-                                             f"({', '.join(found[:3])}) on some of its evaluations only (a guidance "
-                                             "node that runs the model again with blocks replaced, as Skip Layer "
-                                             "Guidance does), which the cache would mix with the others: "
-                                             f"{self.turn_off}, or remove the node that patches the model's blocks")
+            self.replaced = replaced
+        elif replaced != self.replaced:
+            raise block_patch_error([f"patches_replace dit {HONOURED} {i}" for i in replaced or self.replaced],
+                                    " on some of its evaluations only (a guidance node that runs the model again "
+                                    "with blocks replaced, as Skip Layer Guidance does), which the cache would mix "
+                                    "with the others", self.stage, self.turn_off)
         present = tuple(i for i, cond in enumerate(conds) if cond is not None)
         if self.prompts is None:
             self.prompts = present
@@ -419,30 +420,29 @@ def held_by(diffusion_model) -> dict:
     devices they are on."""
     import torch
 
-    manager = getattr(diffusion_model, "_context_manager", None)
-    seen, found = set(), []
+    found = {}  # id -> tensor: each counted once
 
     def walk(value, depth=0):
         if isinstance(value, torch.Tensor):
-            if id(value) not in seen:
-                seen.add(id(value))
-                found.append(value)
-        elif depth < 12 and isinstance(value, dict):
-            for v in value.values():
-                walk(v, depth + 1)
-        elif depth < 12 and isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v, depth + 1)
-        elif depth < 12 and hasattr(value, "__dict__") and type(value).__module__.startswith("cache_dit"):
-            walk(vars(value), depth + 1)
-    for name in getattr(diffusion_model, "_context_names", ()) if manager is not None else ():
+            found[id(value)] = value
+            return
+        if depth > 12:
+            return
+        if hasattr(value, "__dict__") and type(value).__module__.startswith("cache_dit"):
+            value = vars(value)
+        if isinstance(value, dict):
+            value = value.values()
+        if isinstance(value, (list, tuple, type({}.values()))):
+            for item in value:
+                walk(item, depth + 1)
+    manager = getattr(diffusion_model, "_context_manager", None)
+    for name in getattr(diffusion_model, "_context_names", ()):
         context = manager.get_context(name)
-        walk(context.buffers)
-        for calibrator in (context.calibrator, context.encoder_calibrator, context.cfg_calibrator,
-                           context.cfg_encoder_calibrator):
-            walk(calibrator)
-    return {"bytes": sum(t.numel() * t.element_size() for t in found),
-            "devices": sorted({str(t.device) for t in found})}
+        walk([context.buffers, context.calibrator, context.encoder_calibrator, context.cfg_calibrator,
+              context.cfg_encoder_calibrator])
+    tensors = found.values()
+    return {"bytes": sum(t.numel() * t.element_size() for t in tensors),
+            "devices": sorted({str(t.device) for t in tensors})}
 
 
 def summary_of(diffusion_model):

@@ -7,6 +7,8 @@ The native graph: the same "3"/"4", UNETLoaders "10"/"11", LoRAs "12"/"13", Mode
 KSamplerAdvanced "16" (0 -> switch, leftover noise) and "17" (switch -> end).
 """
 
+import torch
+
 from wan22_cachedit.nodes.core.cache import CachePlan
 
 TINY_VAE = "wan_2.1_vae.safetensors"
@@ -249,6 +251,45 @@ def native_three_ksamplers(tiny, *, switch, lead_steps=24, lead_end=3, start_ste
                           "return_with_leftover_noise": "enable"}}
     p["16"]["inputs"].update(add_noise="disable", latent_image=["20", 0], start_at_step=start_step)
     return p
+
+
+# --- the stack tests: our graph and the native one with the same MODEL node, on random weights ---
+
+CACHING = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}  # caches on both experts
+NEVER = {"residual_diff_threshold": 0.001, "high_warmup_steps": 1, "low_warmup_steps": 1}  # installed, caches none
+STACK_RUN = dict(sampler="euler", steps=10, flow_shift=5.0, seed=6, width=32, height=32, length=1)
+
+
+def stack_graphs(tiny, cache, run=None, fmt="fp16", **node):
+    """(ours, native) on the bridge, with `node` ({"class_type": ..., inputs}) after each expert's loader; the
+    native switch is set by equals_native from our run's split."""
+    high, low = expert_files(tiny, fmt=fmt)
+    run = {**STACK_RUN, **(run or {})}
+    ours = our_prompt(bridged(high, low), text_folder(tiny), cache=cache, **run)
+    native = native_prompt(high, low, text_folder(tiny), switch=None, **run)
+    if node:
+        kind = node.pop("class_type")
+        ours, native = on_each_expert(ours, kind, **node), on_each_expert(native, kind, **node)
+    return ours, native
+
+
+def equals_native(comfyui, ours, native, nothing_cached=True) -> dict:
+    """Runs both (the native one switching where ours did); asserts the latents are equal and, unless told,
+    that the cache was installed and cached nothing; returns our report."""
+    report = report_of(run_ok(comfyui, ours))
+    latent = latent_of(comfyui, FINAL["ours"])
+    native["16"]["inputs"]["end_at_step"] = native["17"]["inputs"]["start_at_step"] = report["split"]["high"]
+    run_ok(comfyui, native)
+    assert torch.equal(latent, latent_of(comfyui, FINAL["native"]))
+    if nothing_cached:
+        assert all(report["cache"][r]["cached"] and not report["cache"][r]["cached_steps"] for r in ("high", "low"))
+    return report
+
+
+def cached_evaluations(report) -> int:
+    """The evaluations both experts' caches served, both passes counted."""
+    return sum(len(report["cache"][role]["cached_steps"]) + len(report["cache"][role]["cfg_cached_steps"])
+               for role in ("high", "low"))
 
 
 # --- running them ---

@@ -11,8 +11,8 @@ from wan22_cachedit.nodes.core import cache as C
 
 from .cache_state import context_configs, context_sizes, leftovers
 
-from .prompts import (FINAL, bridged, diffusion_models, expert_files, failed_at_run, latent_of, loader, native_prompt,
-                      our_prompt, report_of, run_ok, text_folder, two_samplers_in_one_graph)
+from .prompts import (CACHING, FINAL, bridged, diffusion_models, expert_files, failed_at_run, latent_of, loader,
+                      native_prompt, our_prompt, report_of, run_ok, text_folder, two_samplers_in_one_graph)
 
 SMALL = dict(width=32, height=32, length=1)  # one 4x4 latent frame: long schedules stay cheap
 
@@ -114,7 +114,7 @@ def test_off_after_cached_runs_is_comfyuis_own_graph_and_nothing_stays_on_the_ex
 
 
 def test_with_a_permissive_threshold_both_experts_cache_and_the_result_changes(comfyui, tiny_models):
-    permissive = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}
+    permissive = CACHING
     result = run_ok(comfyui, cached_prompt(tiny_models, cache=permissive, steps=12, seed=5))
     cached = latent_of(comfyui, FINAL["ours"])
     report = report_of(result)

@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from .cache_state import leftovers_of_the_cache
-from .prompts import (FINAL, bridged, diffusion_models, expert_files, latent_of, native_prompt, on_each_expert,
+from .prompts import (CACHING, FINAL, bridged, diffusion_models, expert_files, latent_of, native_prompt, on_each_expert,
                       our_prompt, report_of, run_ok, text_folder)
 
 RUN = dict(sampler="euler", steps=8, flow_shift=5.0, width=32, height=32, length=1)
-CACHING = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}
 COMPILERS = {
     "TorchCompileModel": {"backend": "inductor"},
     "TorchCompileModelWanVideoV2": {"backend": "inductor", "fullgraph": False, "mode": "default", "dynamic": False,

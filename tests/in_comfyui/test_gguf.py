@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from .cache_state import leftovers
-from .prompts import (FINAL, bridged, diffusion_models, gguf_loaders, latent_of, native_prompt, our_prompt, report_of,
-                      run_ok, text_folder)
+from .prompts import (CACHING, FINAL, bridged, diffusion_models, gguf_loaders, latent_of, native_prompt, our_prompt,
+                      report_of, run_ok, text_folder)
 
 RUN = dict(sampler="euler", steps=10, flow_shift=5.0, width=32, height=32, length=1)
-CACHING = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}
 
 
 def files(gguf_experts, qtype, task="t2v"):

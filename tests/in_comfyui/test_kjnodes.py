@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from .cache_state import leftovers_of_the_cache
-from .prompts import diffusion_models, failed_at_run, report_of, run_ok
-from .test_stack_nodes import CACHING, NEVER, equals_native, graphs
+from .prompts import CACHING, NEVER, diffusion_models, equals_native, failed_at_run, report_of, run_ok, stack_graphs
 
 LAYERS = 4
 OBJECT_PATCHES = {  # nodes that patch the blocks' modules (or the rope embedder) in place
@@ -31,8 +30,8 @@ def cached_run(comfyui, ours) -> dict:
 @pytest.mark.parametrize("kind", sorted(OBJECT_PATCHES))
 def test_kjnodes_wan_model_patches_work_with_the_cache(kj_comfyui, tiny_models, kind):
     run = {"length": 5}  # two latent frames: Enhance-A-Video weighs attention across frames
-    equals_native(kj_comfyui, *graphs(tiny_models, NEVER, run, class_type=kind, **OBJECT_PATCHES[kind]))
-    cached_run(kj_comfyui, graphs(tiny_models, CACHING, run, class_type=kind, **OBJECT_PATCHES[kind])[0])
+    equals_native(kj_comfyui, *stack_graphs(tiny_models, NEVER, run, class_type=kind, **OBJECT_PATCHES[kind]))
+    cached_run(kj_comfyui, stack_graphs(tiny_models, CACHING, run, class_type=kind, **OBJECT_PATCHES[kind])[0])
 
 
 @pytest.fixture
@@ -56,10 +55,10 @@ def sage_standin(monkeypatch):
 
 
 def test_kjnodes_sage_attention_patch_runs_in_every_computed_block(kj_comfyui, tiny_models, sage_standin):
-    equals_native(kj_comfyui, *graphs(tiny_models, NEVER, class_type="PathchSageAttentionKJ", sage_attention="auto"))
+    sage = {"class_type": "PathchSageAttentionKJ", "sage_attention": "auto"}
+    equals_native(kj_comfyui, *stack_graphs(tiny_models, NEVER, **dict(sage)))
     sage_standin.clear()
-    report = cached_run(kj_comfyui, graphs(tiny_models, CACHING, class_type="PathchSageAttentionKJ",
-                                           sage_attention="auto")[0])
+    report = cached_run(kj_comfyui, stack_graphs(tiny_models, CACHING, **dict(sage))[0])
     forwards = sum(report["cache"][role]["block_forwards"] for role in ("high", "low"))
     assert len(sage_standin) == 2 * forwards  # self- and cross-attention of every block computed, no other
 
@@ -67,7 +66,7 @@ def test_kjnodes_sage_attention_patch_runs_in_every_computed_block(kj_comfyui, t
 def test_kjnodes_skip_layer_guidance_fails_as_it_fails_on_comfyuis_own_wan_graph(kj_comfyui, tiny_models):
     """It needs inputs that only KJNodes' own TeaCache passes to block patches; ComfyUI's loop does not."""
     slg = {"class_type": "SkipLayerGuidanceWanVideo", "blocks": "1", "start_percent": 0.0, "end_percent": 1.0}
-    ours, native = graphs(tiny_models, CACHING, **dict(slg))
+    ours, native = stack_graphs(tiny_models, CACHING, **dict(slg))
     native["16"]["inputs"]["end_at_step"] = native["17"]["inputs"]["start_at_step"] = 5
     theirs = failed_at_run(kj_comfyui, native)
     assert "only works with TeaCacheKJ" in theirs

@@ -10,8 +10,8 @@ from PIL import Image
 
 from .cache_state import leftovers
 
-from .prompts import (FINAL, TINY_VAE, bridged, diffusion_models, expert_files, failed_at_run, latent_of, loader,
-                      native_prompt, our_prompt, report_of, run_ok, text_folder)
+from .prompts import (CACHING, FINAL, TINY_VAE, bridged, diffusion_models, expert_files, failed_at_run, latent_of,
+                      loader, native_prompt, our_prompt, report_of, run_ok, text_folder)
 
 
 def test_native_nodes_around_the_sampler_decode_and_save_a_video(comfyui, tiny_models):
@@ -135,7 +135,7 @@ def test_a_run_that_fails_in_its_second_stage_leaves_nothing_behind(comfyui, tin
     were patched in: nothing of the run stays on the experts, and the same prompt then gives what it gives on a
     fresh executor."""
     lora = {"high": tiny_models["loras"]["high"], "low": tiny_models["loras"]["low"]}
-    permissive = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}
+    permissive = CACHING
     prompt = our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), sampler="euler", steps=8,
                         flow_shift=12.0, seed=11, cache=permissive, lora=lora)  # 6 high / 2 low
     executor = comfyui.new_executor()

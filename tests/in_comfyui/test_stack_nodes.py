@@ -5,39 +5,9 @@ runs, naming the node and what to do, with nothing left on the experts."""
 import pytest
 import torch
 
-from .cache_state import leftovers
-from .prompts import (FINAL, bridged, diffusion_models, expert_files, failed_at_run, latent_of, native_prompt,
-                      on_each_expert, our_prompt, report_of, run_ok, text_folder)
-
-RUN = dict(sampler="euler", steps=10, flow_shift=5.0, seed=6, width=32, height=32, length=1)
-CACHING = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}
-NEVER = {"residual_diff_threshold": 0.001, "high_warmup_steps": 1, "low_warmup_steps": 1}  # installed, caches none
-
-
-def graphs(tiny, cache, run=None, fmt="fp16", **node):
-    """(ours, native) on the bridge, with `node` ({"class_type": ..., inputs}) after each expert's loader."""
-    high, low = expert_files(tiny, fmt=fmt)
-    run = {**RUN, **(run or {})}
-    ours = our_prompt(bridged(high, low), text_folder(tiny), cache=cache, **run)
-    native = native_prompt(high, low, text_folder(tiny), switch=None, **run)
-    if node:
-        kind = node.pop("class_type")
-        ours, native = on_each_expert(ours, kind, **node), on_each_expert(native, kind, **node)
-    return ours, native
-
-
-def equals_native(comfyui, ours, native) -> dict:
-    """Runs both; asserts the latents are equal and nothing was cached; returns our report."""
-    report = report_of(run_ok(comfyui, ours))
-    latent = latent_of(comfyui, FINAL["ours"])
-    for node in ("16", "17"):
-        native[node]["inputs"]["end_at_step" if node == "16" else "start_at_step"] = report["split"]["high"]
-    run_ok(comfyui, native)
-    assert torch.equal(latent, latent_of(comfyui, FINAL["native"]))
-    assert all(report["cache"][role]["cached"] and not report["cache"][role]["cached_steps"] for role in ("high",
-                                                                                                          "low"))
-    return report
-
+from .cache_state import leftovers_of_the_cache
+from .prompts import (CACHING, FINAL, NEVER, diffusion_models, equals_native, failed_at_run, latent_of, report_of,
+                      run_ok, stack_graphs)
 
 def refused(comfyui, prompt, *words):
     executor = comfyui.new_executor()
@@ -47,7 +17,7 @@ def refused(comfyui, prompt, *words):
     assert message.startswith("enabled: the high-noise expert is also run by"), message
     assert all(w in message for w in words), message
     for model in diffusion_models(comfyui, executor=executor).values():
-        assert leftovers(model) == []
+        assert leftovers_of_the_cache(model) == []
     return message
 
 
@@ -57,34 +27,36 @@ def refused(comfyui, prompt, *words):
                                                ("fp16", "fp8_e4m3fn")])
 def test_fp8_experts_work_with_the_cache(comfyui, tiny_models, fmt, weight_dtype):
     """ComfyUI's fp8 files (scaled, comfy_quant) and its fp8 weight_dtype on Load Diffusion Model."""
-    pair = graphs(tiny_models, NEVER, fmt=fmt)
+    pair = stack_graphs(tiny_models, NEVER, fmt=fmt)
     for prompt in pair:
         for loader_id in ("10", "11"):
             prompt[loader_id]["inputs"]["weight_dtype"] = weight_dtype
     equals_native(comfyui, *pair)
-    ours, _ = graphs(tiny_models, CACHING, fmt=fmt)
+    ours, _ = stack_graphs(tiny_models, CACHING, fmt=fmt)
     for loader_id in ("10", "11"):
         ours[loader_id]["inputs"]["weight_dtype"] = weight_dtype
     report = report_of(run_ok(comfyui, ours))
     assert report["cache"]["high"]["cached_steps"] and report["cache"]["low"]["cached_steps"]
 
+
 def test_easycache_and_lazycache_on_the_same_expert_are_refused_by_name(comfyui, tiny_models):
     for kind in ("EasyCache", "LazyCache"):
-        ours, _ = graphs(tiny_models, {}, class_type=kind, reuse_threshold=0.2, start_percent=0.15, end_percent=0.95,
-                         verbose=False)
+        ours, _ = stack_graphs(tiny_models, {}, class_type=kind, reuse_threshold=0.2, start_percent=0.15,
+                               end_percent=0.95, verbose=False)
         refused(comfyui, ours, "ComfyUI's EasyCache or LazyCache", "set enabled to false", "remove that node")
 
 
 def test_context_windows_are_refused_by_name(comfyui, tiny_models):
-    ours, _ = graphs(tiny_models, {}, class_type="WanContextWindowsManual", context_length=5, context_overlap=4,
-                     context_schedule="standard_uniform", context_stride=1, closed_loop=False, fuse_method="pyramid",
-                     freenoise=False, retain_first_frame=False, split_conds_to_windows=False)
+    ours, _ = stack_graphs(tiny_models, {}, class_type="WanContextWindowsManual", context_length=5,
+                           context_overlap=4, context_schedule="standard_uniform", context_stride=1, closed_loop=False,
+                           fuse_method="pyramid", freenoise=False, retain_first_frame=False,
+                           split_conds_to_windows=False)
     refused(comfyui, ours, "context windows (a Context Windows node")
 
 
 def test_the_multigpu_cfg_split_with_one_device_equals_native(comfyui, tiny_models):
     """On one device the split makes no clones: nothing to refuse (with clones on other devices it is)."""
-    equals_native(comfyui, *graphs(tiny_models, NEVER, class_type="MultiGPU_WorkUnits", max_gpus=2))
+    equals_native(comfyui, *stack_graphs(tiny_models, NEVER, class_type="MultiGPU_WorkUnits", max_gpus=2))
 
 
 # --- conditioning as people build it ---
@@ -113,11 +85,11 @@ def conditioned(prompt, kind, at=0.45):
 def test_combined_and_timestep_range_conditioning_run_cached_and_equal_native_with_nothing_cached(comfyui,
                                                                                                 tiny_models):
     for kind in ("combine", "timesteps"):
-        ours, native = graphs(tiny_models, NEVER)
+        ours, native = stack_graphs(tiny_models, NEVER)
         equals_native(comfyui, conditioned(ours, kind), conditioned(native, kind))
         latents = []
         for seed in (3, 4, 3):
-            ours, _ = graphs(tiny_models, CACHING, run={"seed": seed})
+            ours, _ = stack_graphs(tiny_models, CACHING, run={"seed": seed})
             report = report_of(run_ok(comfyui, conditioned(ours, kind)))
             assert report["cache"]["high"]["cached_steps"], kind
             latents.append(latent_of(comfyui, FINAL["ours"]))
@@ -130,7 +102,7 @@ def test_several_entries_of_a_prompt_in_separate_calls_are_refused_with_that_rea
     import comfy.model_patcher
 
     monkeypatch.setattr(comfy.model_patcher.ModelPatcher, "get_free_memory", lambda self, device: 1024)
-    ours, _ = graphs(tiny_models, CACHING)
+    ours, _ = stack_graphs(tiny_models, CACHING)
     message = failed_at_run(comfyui, conditioned(ours, "combine"))
     assert message.startswith("enabled: Cache-DiT cannot follow the high-noise stage: the positive prompt's "
                               "conditioning has several entries (ConditioningCombine"), message
@@ -138,7 +110,7 @@ def test_several_entries_of_a_prompt_in_separate_calls_are_refused_with_that_rea
 
 
 def test_timestep_ranges_meeting_on_a_step_are_refused_with_that_reason(comfyui, tiny_models):
-    ours, _ = graphs(tiny_models, CACHING)
+    ours, _ = stack_graphs(tiny_models, CACHING)
     message = failed_at_run(comfyui, conditioned(ours, "timesteps", at=0.5))
     assert "the positive prompt's conditioning has several entries" in message, message
     assert "ConditioningSetTimestepRange ranges that overlap" in message and "memory" not in message

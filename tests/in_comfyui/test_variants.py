@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from .prompts import (FINAL, TINY_VAE, bridged, diffusion_models, failed_at_run, latent_of, loader, native_prompt,
-                      our_prompt, report_of, run_ok, text_folder)
+from .prompts import (CACHING, FINAL, TINY_VAE, bridged, diffusion_models, failed_at_run, latent_of, loader,
+                      native_prompt, our_prompt, report_of, run_ok, text_folder)
 
 RUN = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4, cfg=(3.5, 3.5))
 CONDITIONING = {  # ComfyUI's node for each variant, and its image inputs
@@ -55,9 +55,8 @@ def test_fun_experts_run_through_the_bridge_equal_to_native(comfyui, tiny_models
     native = native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], **RUN)
     run_ok(comfyui, conditioned(native, ["16", "17"], variant, image))
     assert torch.equal(ours, latent_of(comfyui, FINAL["native"]))
-    cached = {"residual_diff_threshold": 0.9, "high_warmup_steps": 1, "low_warmup_steps": 1}
     report = report_of(run_ok(comfyui, conditioned(our_prompt(bridged(high, low), text_folder(tiny_models),
-                                                              cache=cached, **RUN), ["5"], variant, image)))
+                                                              cache=CACHING, **RUN), ["5"], variant, image)))
     assert report["cache"]["high"]["cached_steps"] or report["cache"]["low"]["cached_steps"]
 
 
