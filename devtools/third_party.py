@@ -43,18 +43,3 @@ def load(harness, pack: str) -> None:
         raise RuntimeError(f"ComfyUI could not load {folder} from {link}")
     if node_id not in nodes.NODE_CLASS_MAPPINGS:
         raise RuntimeError(f"{folder} loaded without its {node_id} node")
-
-
-def server_links(base_dir: str, packs=("gguf", "kjnodes")) -> list[str]:
-    """Links the available packs into a ComfyUI base directory's custom_nodes, for a server started on it;
-    returns the ones linked."""
-    linked = []
-    for pack in packs:
-        if missing(pack) is None:
-            folder, _ = PACKS[pack]
-            link = os.path.join(base_dir, "custom_nodes", folder)
-            os.makedirs(os.path.dirname(link), exist_ok=True)
-            if not os.path.islink(link):
-                os.symlink(os.path.join(FOLDER, folder), link)
-            linked.append(pack)
-    return linked

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from .paths import import_pack
 
 import_pack()
+from wan22_cachedit.nodes.core.checkpoint import GGUF_SHAPE_KEY  # noqa: E402
 from wan22_cachedit.nodes.core.diffusers_folder import to_comfy_layout  # noqa: E402
 
 PREFIX = "model.diffusion_model."
@@ -115,6 +116,7 @@ def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) 
 
     def rand(*shape):
         return (torch.randn(*shape, generator=g) * 0.05).to(torch.float16)
+
     if variant == "fun_control":
         tensors[PREFIX + "ref_conv.weight"], tensors[PREFIX + "ref_conv.bias"] = rand(dim, 16, 2, 2), rand(dim)
     elif variant == "vace":
@@ -158,7 +160,7 @@ def write_gguf(model: WanTransformer3DModel, path: str, qtype: str = "Q8_0") -> 
         small = array.ndim != 2 or array.size <= 1024 or ".modulation" in name or array.shape[-1] % block
         dtype = gguf.GGMLQuantizationType.F32 if small else kind
         if array.ndim > 4:
-            writer.add_array(f"comfy.gguf.orig_shape.{name}", [int(d) for d in array.shape])
+            writer.add_array(GGUF_SHAPE_KEY + name, [int(d) for d in array.shape])
             array = array.reshape(array.shape[0], -1)
         writer.add_tensor(name, gguf.quants.quantize(array, dtype), raw_dtype=dtype)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
