@@ -1,0 +1,132 @@
+"""The parallel plan: one run on several workers, each expert's token sequence split across them (Ulysses
+sequence parallelism around self-attention). Pure: which devices, how the sequence divides, what the report
+says; the workers themselves are glue (nodes/parallel.py)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import Wan22InputError
+
+HEAD_WIDTH = 128  # Wan's attention heads are 128 wide: A14B's 5120 is 40 heads
+MAX_WORKERS = 64
+AUTO = "auto"
+DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+INSTALL = "pip install 'ray[default]>=2.60' yunchang (into ComfyUI's Python), then restart ComfyUI"
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """`devices`: one per worker, "cpu", "cuda:N" (that GPU) or "cuda" (a GPU the Ray cluster picks)."""
+
+    workers: int
+    devices: tuple[str, ...]
+    ulysses_degree: int
+    cpu_threads: int  # torch threads per CPU worker
+
+    @property
+    def backend(self) -> str:
+        return "gloo" if self.devices[0] == "cpu" else "nccl"
+
+    def summary(self) -> dict:
+        return {"workers": self.workers, "devices": list(self.devices), "ulysses_degree": self.ulysses_degree,
+                "backend": self.backend, "cpu_threads": self.cpu_threads if self.backend == "gloo" else None}
+
+
+def head_divisors(heads: int) -> list[int]:
+    return [d for d in range(2, heads + 1) if heads % d == 0]
+
+
+def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int) -> tuple[str, ...]:
+    """One device per worker from the node's `devices` text: "auto" (this machine's GPUs, else its CPU), or a
+    comma-separated list. `gpus`/`cpus`: what this machine has, for "auto" and for the count check."""
+    text = (devices or AUTO).strip().lower()
+    if text == AUTO:
+        if gpus:
+            if workers > gpus:
+                raise Wan22InputError("workers", f"{workers} workers but this machine has {gpus} GPU(s) (devices "
+                                                 f"'auto'): use at most {gpus} workers, or list the devices")
+            return tuple(f"cuda:{i}" for i in range(workers))
+        if workers > cpus:
+            raise Wan22InputError("workers", f"{workers} CPU workers but this machine has {cpus} CPU cores: use at "
+                                             f"most {cpus} workers")
+        return ("cpu",) * workers
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    bad = [e for e in entries if not DEVICE.match(e)]
+    if bad or not entries:
+        raise Wan22InputError("devices", f"{devices!r} is not a device list: write 'auto', or devices separated by "
+                                         "commas, e.g. 'cuda:0, cuda:1' (or 'cuda, cuda' for GPUs the Ray cluster "
+                                         "picks, or 'cpu, cpu')")
+    if len({e.split(":")[0] for e in entries}) > 1:
+        raise Wan22InputError("devices", f"{devices!r} mixes CPU and GPU workers: one run's workers share one "
+                                         "communication backend (gloo on CPU, NCCL on GPUs); list one kind")
+    pinned = [e for e in entries if ":" in e]
+    if len(set(pinned)) != len(pinned):
+        raise Wan22InputError("devices", f"{devices!r} names a GPU twice: each worker needs a GPU of its own")
+    if workers > len(entries):
+        raise Wan22InputError("workers", f"more workers ({workers}) than devices ({len(entries)}: "
+                                         f"{', '.join(entries)}): list a device for each worker, or use fewer")
+    return tuple(entries[:workers])
+
+
+def make_plan(*, workers: int, devices: str, ulysses_degree: int, heads: int, cpu_threads: int, gpus: int,
+              cpus: int) -> ParallelPlan:
+    """The plan, every value checked and refused by its input name before any worker starts."""
+    workers, degree = int(workers), int(ulysses_degree)
+    if not 2 <= workers <= MAX_WORKERS:
+        raise Wan22InputError("workers", f"{workers} workers: use between 2 and {MAX_WORKERS} (one run on one "
+                                         "device needs no plan)")
+    devices = parse_devices(devices, workers, gpus=gpus, cpus=cpus)
+    divisors = head_divisors(heads)
+    if degree < 2:
+        raise Wan22InputError("ulysses_degree", f"{degree} splits nothing: the degree is how many workers share "
+                                                f"each sequence; use one that divides the {heads} attention heads "
+                                                f"({', '.join(map(str, divisors)) or 'none'})")
+    if heads % degree:
+        raise Wan22InputError("ulysses_degree", f"{degree} does not divide the experts' {heads} attention heads "
+                                                "(each worker attends with an equal share of them): use "
+                                                f"{', '.join(map(str, divisors)) or 'experts with more heads'}")
+    if degree != workers:
+        raise Wan22InputError("ulysses_degree", f"{degree} with {workers} workers: every worker takes part in "
+                                                "each sequence's split, so the degree must equal the number of "
+                                                f"workers; set both to {degree} or both to {workers}")
+    threads = int(cpu_threads) if int(cpu_threads) > 0 else max(1, cpus // workers)
+    if threads < 1:
+        raise Wan22InputError("cpu_threads", f"{cpu_threads} threads: use 0 (share the cores) or more")
+    return ParallelPlan(workers=workers, devices=devices, ulysses_degree=degree, cpu_threads=threads)
+
+
+def latent_tokens(shape, patch=(1, 2, 2)) -> int:
+    """The transformer tokens of a video latent [B, C, T, H, W], as Wan's patch embedding makes them (the
+    latent padded up to whole patches)."""
+    t, h, w = (int(s) for s in shape[-3:])
+    return -(-t // patch[0]) * -(-h // patch[1]) * -(-w // patch[2])
+
+
+def check_sequence(tokens: int, degree: int) -> None:
+    """The sequence must split into equal shards: every worker's self-attention then gets the same share, and
+    cache-dit's averages of the residual statistic over the workers equal the whole sequence's."""
+    if tokens % degree:
+        raise Wan22InputError("ulysses_degree", f"the video's {tokens} tokens (latent frames x height/16 x "
+                                                f"width/16) do not split into {degree} equal parts: pick a size "
+                                                f"whose token count divides by {degree} (e.g. a width that is a "
+                                                f"multiple of {16 * degree}), or another degree")
+
+
+def shard(tokens: int, degree: int, rank: int) -> slice:
+    size = tokens // degree
+    return slice(rank * size, (rank + 1) * size)
+
+
+def parallel_report(plan: ParallelPlan, ranks: list[dict]) -> dict:
+    """The report's `parallel` entry from each rank's own figures (seconds, seconds communicating, what
+    its cache decided), in rank order."""
+    return {
+        **plan.summary(),
+        "rank_seconds": [round(r["seconds"], 4) for r in ranks],
+        "communication_share": [round(r["comm_seconds"] / r["seconds"], 4) if r["seconds"] else 0.0 for r in ranks],
+        "cached_steps": [r["cached_steps"] for r in ranks],
+        "context_evaluations": [r["contexts"] for r in ranks],
+        "ranks_agree": all(r["cached_steps"] == ranks[0]["cached_steps"] for r in ranks),
+    }

@@ -1,0 +1,69 @@
+"""The parallel plan's pure rules: devices, degrees, the sequence split and the report."""
+
+import pytest
+
+from wan22_cachedit.nodes.core import parallel
+from wan22_cachedit.nodes.core.errors import Wan22InputError
+
+A14B_HEADS = 40
+
+
+def plan(**changes):
+    values = dict(workers=2, devices="auto", ulysses_degree=2, heads=A14B_HEADS, cpu_threads=0, gpus=0, cpus=8)
+    return parallel.make_plan(**{**values, **changes})
+
+
+def refusal(**changes) -> str:
+    with pytest.raises(Wan22InputError) as e:
+        plan(**changes)
+    return str(e.value)
+
+
+def test_auto_takes_this_machines_gpus_else_its_cpu():
+    assert plan(gpus=4).devices == ("cuda:0", "cuda:1") and plan(gpus=4).backend == "nccl"
+    cpu = plan()
+    assert cpu.devices == ("cpu", "cpu") and cpu.backend == "gloo" and cpu.cpu_threads == 4
+    assert plan(cpu_threads=1).cpu_threads == 1
+
+
+def test_the_a14b_degrees_are_those_that_divide_its_40_heads():
+    for degree in (2, 4, 5, 8):
+        assert plan(workers=degree, ulysses_degree=degree, gpus=8).ulysses_degree == degree
+    message = refusal(workers=3, ulysses_degree=3, gpus=8)
+    assert message.startswith("ulysses_degree: 3 does not divide the experts' 40 attention heads")
+    assert "use 2, 4, 5, 8, 10, 20, 40" in message
+    assert refusal(ulysses_degree=1).startswith("ulysses_degree: 1 splits nothing")
+    assert refusal(workers=4, gpus=4).startswith("ulysses_degree: 2 with 4 workers")
+
+
+def test_devices_are_refused_by_name():
+    assert refusal(workers=3, gpus=2).startswith("workers: 3 workers but this machine has 2 GPU(s)")
+    assert refusal(workers=3, devices="cuda:0, cuda:1", ulysses_degree=3).startswith(
+        "workers: more workers (3) than devices (2: cuda:0, cuda:1)")
+    assert refusal(devices="cuda:0, cuda:0").startswith("devices: 'cuda:0, cuda:0' names a GPU twice")
+    assert refusal(devices="cpu, cuda").startswith("devices: 'cpu, cuda' mixes CPU and GPU workers")
+    assert refusal(devices="gpu0, gpu1").startswith("devices: 'gpu0, gpu1' is not a device list")
+    assert refusal(workers=1).startswith("workers: 1 workers")
+    assert plan(devices="CUDA, cuda").devices == ("cuda", "cuda")  # GPUs the Ray cluster picks
+    assert plan(devices="cpu, cpu, cpu").devices == ("cpu", "cpu")
+
+
+def test_the_sequence_splits_into_equal_shards_or_is_refused():
+    assert parallel.latent_tokens((1, 16, 21, 60, 104)) == 21 * 30 * 52  # 832x480, 81 frames
+    assert parallel.latent_tokens((1, 16, 2, 5, 5)) == 2 * 3 * 3  # padded up to whole patches
+    parallel.check_sequence(21 * 30 * 52, 8)
+    with pytest.raises(Wan22InputError, match="the video's 9 tokens .* do not split into 2 equal parts"):
+        parallel.check_sequence(9, 2)
+    shards = [parallel.shard(12, 3, rank) for rank in range(3)]
+    assert [(s.start, s.stop) for s in shards] == [(0, 4), (4, 8), (8, 12)]
+
+
+def test_the_report_gives_each_ranks_time_and_communication_share():
+    p = plan(cpu_threads=1)
+    ranks = [{"seconds": 2.0, "comm_seconds": 0.5, "cached_steps": {"low": [3]}, "contexts": {"low": [10]}},
+             {"seconds": 4.0, "comm_seconds": 1.0, "cached_steps": {"low": [3]}, "contexts": {"low": [10]}}]
+    report = parallel.parallel_report(p, ranks)
+    assert report["rank_seconds"] == [2.0, 4.0] and report["communication_share"] == [0.25, 0.25]
+    assert report["ranks_agree"] and report["devices"] == ["cpu", "cpu"] and report["cpu_threads"] == 1
+    ranks[1]["cached_steps"] = {"low": [4]}
+    assert not parallel.parallel_report(p, ranks)["ranks_agree"]
