@@ -138,8 +138,15 @@ def run_stage(stage: Stage, sampler: str, scheduler: str, positive, negative, la
 
 
 def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, seed: int,
-           cfg: dict[str, float]) -> tuple[dict, RunRecord]:
-    """Runs the stages through ComfyUI's sampling; returns the LATENT (a new dict) and what the run did."""
+           cfg: dict[str, float], attach=None) -> tuple[dict, RunRecord]:
+    """Runs the stages through ComfyUI's sampling; returns the LATENT (a new dict) and what the run did. With a
+    parallel plan on the experts, the plan's workers run them (each through this same function); `attach`
+    (a worker's) adds its wrappers to each stage's clone."""
+    from . import parallel
+
+    if experts.parallel_plan is not None:
+        plan_stages(experts, schedule, cfg)  # what the run refuses, refused before any worker starts
+        return parallel.sample(experts, schedule, positive, negative, latent, seed, cfg)
     stages = plan_stages(experts, schedule, cfg)
     plan = experts.cache_plan
     record = RunRecord(split=schedule.split, stages=tuple(stage.name for stage in stages))
@@ -153,6 +160,8 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
         cache = StageCache(plan, stage.role, stage.name) if plan is not None else None
         if cache is not None:
             cache.attach(stage.model)
+        if attach is not None:
+            attach(stage.model, stage.name)
         started = time.perf_counter()
         out = run_stage(stage, schedule.sampler, schedule.scheduler, positive, negative, out, seed)
         record.seconds[stage.name] = round(time.perf_counter() - started, 4)

@@ -6,6 +6,7 @@ from .bridge_nodes import Wan22ExpertsFromModel
 from .cache_nodes import Wan22CacheDiT, Wan22CacheDiTModel
 from .loader_nodes import Wan22DiffusersExpertLoader, Wan22ExpertLoader
 from .lora_nodes import Wan22LoraLoader
+from .parallel_nodes import Wan22ParallelPlan
 from .sampler_nodes import Wan22TwoStageSampler
 from .schedule_nodes import Wan22LeadStage, Wan22Schedule
 from .text_nodes import Wan22TextEncode
@@ -18,4 +19,4 @@ class Wan22CacheDiTExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22ExpertsFromModel, Wan22LoraLoader, Wan22Schedule,
                 Wan22LeadStage, Wan22CacheDiT, Wan22CacheDiTModel, Wan22TextEncode,
-                Wan22TwoStageSampler]
+                Wan22TwoStageSampler, Wan22ParallelPlan]

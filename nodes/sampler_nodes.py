@@ -8,7 +8,7 @@ import json
 import torch
 from comfy_api.latest import io
 
-from . import engine
+from . import engine, parallel
 from .core import report, sampler_inputs, timeline
 from .types import CATEGORY, ExpertsType, ScheduleType
 
@@ -57,6 +57,8 @@ class Wan22TwoStageSampler(io.ComfyNode):
     def execute(cls, experts, schedule, positive, negative, latent_image, seed, cfg_high, cfg_low) -> io.NodeOutput:
         sampler_inputs.check_sampler_inputs(experts.architecture, positive, negative, latent_image)
         cfg = {"high": float(cfg_high), "low": float(cfg_low)}
+        if experts.parallel_plan is None:
+            parallel.release()  # a run without the plan: the warm workers of an earlier one are not kept
         latent, record = engine.sample(experts, schedule, positive, negative, latent_image, seed, cfg)
         run_report = report.build_report(experts, schedule, record, seed=seed, cfg=cfg)
         picture = torch.from_numpy(timeline.render_timeline(schedule, record)).float().div(255.0).unsqueeze(0)

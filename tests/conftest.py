@@ -220,3 +220,25 @@ def native_text_server(tmp_path_factory):
             yield running
     finally:
         os.remove(base / "models" / "text_encoders" / UMT5)
+
+
+PARALLEL_NAMES = "wan2.2_{task}_{role}_noise_14B_2heads_fp16.safetensors"
+
+
+@pytest.fixture(scope="session")
+def parallel_experts(tiny_models):
+    """Tiny experts with two attention heads (dim 256), T2V and I2V, and a LoRA for each expert, in the models
+    folder: a Ulysses degree of 2 needs heads to split. {(task, role): name, ("lora", role): name}."""
+    names = {}
+    for seed, (task, role) in enumerate((("t2v", "high"), ("t2v", "low"), ("i2v", "high"), ("i2v", "low")),
+                                        start=81):
+        name = PARALLEL_NAMES.format(task=task, role=role)
+        tiny_wan.write_single_file(tiny_wan.make_expert(task, seed, dim=256, ffn_dim=512),
+                                   os.path.join(tiny_models["dir"], "diffusion_models", name), "fp16")
+        names[(task, role)] = name
+    for seed, role in ((91, "high"), (92, "low")):
+        name = f"wan22_2heads_{role}_lora.safetensors"
+        tiny_wan.write_tiny_lora(tiny_wan.make_expert("t2v", 0, dim=256, ffn_dim=512),
+                                 os.path.join(tiny_models["dir"], "loras", name), seed=seed)
+        names[("lora", role)] = name
+    return names

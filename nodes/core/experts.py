@@ -48,6 +48,7 @@ class Wan22Experts:
     cache_plan: Any = None
     cache_node: str | None = None  # the id of the Cache-DiT node that made the plan, for the canvas
     loras: tuple[LoraNote, ...] = ()
+    parallel_plan: Any = None  # a core.parallel.ParallelPlan: the run goes to workers
 
     def models(self) -> dict[str, Any]:
         """The loaded experts by role: the only experts anything may touch."""

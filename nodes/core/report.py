@@ -38,6 +38,7 @@ class RunRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     cache: dict = field(default_factory=dict)  # per cached stage: cache-dit's statistics
     compile: dict | None = None  # with torch.compile on the experts: its backend per stage, graphs compiled
+    parallel: dict | None = None  # with a parallel plan: the workers, their devices, each rank's figures
 
     def __post_init__(self):
         # The report always names both experts' stages (0 when one has no steps), and the lead only if run.
@@ -80,6 +81,7 @@ def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord
         "expert_per_step": [s.expert for s in record.steps],
         "cache": {"plan": experts.cache_plan.summary() if experts.cache_plan else None, **record.cache},
         "compile": record.compile,
+        "parallel": record.parallel,
     }
     lead = schedule.lead
     if lead is not None:

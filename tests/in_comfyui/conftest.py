@@ -1,5 +1,7 @@
 """Fixtures of the in-process ComfyUI tests."""
 
+import os
+
 import pytest
 
 
@@ -72,3 +74,14 @@ def probe_nodes(comfyui, monkeypatch):
     for calls in probes.RECORDED.values():
         calls.clear()
     return probes.RECORDED
+
+
+@pytest.fixture
+def start_image(comfyui):
+    """The start image of the image-to-video runs (prompts.with_start_image), in ComfyUI's input folder."""
+    import numpy as np
+    from PIL import Image
+
+    path = os.path.join(comfyui.folder_paths.get_input_directory(), "wan22_start.png")
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path)
+    return path

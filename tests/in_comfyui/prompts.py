@@ -292,6 +292,21 @@ def cached_evaluations(report) -> int:
                for role in ("high", "low"))
 
 
+def with_start_image(prompt, sampler_node, with_image=True):
+    """The run's text and latent through native WanImageToVideo (a start image, a tiny Wan VAE)."""
+    prompt["112"] = {"class_type": "LoadImage", "inputs": {"image": "wan22_start.png"}}
+    prompt["113"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
+    prompt["114"] = {"class_type": "WanImageToVideo",
+                     "inputs": {"positive": ["3", 0], "negative": ["3", 1], "vae": ["113", 0], "width": 64,
+                                "height": 64, "length": 5, "batch_size": 1}}
+    if with_image:
+        prompt["114"]["inputs"]["start_image"] = ["112", 0]
+    for node in sampler_node:
+        prompt[node]["inputs"].update(positive=["114", 0], negative=["114", 1])
+    prompt[sampler_node[0]]["inputs"]["latent_image"] = ["114", 2]
+    return prompt
+
+
 # --- running them ---
 
 def run_ok(comfyui, prompt, executor=None):

@@ -4,14 +4,13 @@ image-to-video, the report and the timeline, and what it refuses."""
 import os
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
 from .cache_state import leftovers
 
-from .prompts import (CACHING, FINAL, TINY_VAE, bridged, diffusion_models, expert_files, failed_at_run, latent_of,
-                      loader, native_prompt, our_prompt, report_of, run_ok, text_folder)
+from .prompts import (CACHING, FINAL, bridged, diffusion_models, expert_files, failed_at_run, latent_of,
+                      loader, native_prompt, our_prompt, report_of, run_ok, text_folder, with_start_image)
 
 
 def test_native_nodes_around_the_sampler_decode_and_save_a_video(comfyui, tiny_models):
@@ -52,28 +51,6 @@ def test_a_latent_batch_gets_one_noise_per_item_and_the_text_is_shared(comfyui, 
     run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), steps=4, seed=3, batch=2))
     batch = latent_of(comfyui, FINAL["ours"])
     assert batch.shape[0] == 2 and not torch.equal(batch[0], batch[1])
-
-
-@pytest.fixture
-def start_image(comfyui):
-    path = os.path.join(comfyui.folder_paths.get_input_directory(), "wan22_start.png")
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path)
-    return path
-
-
-def with_start_image(prompt, sampler_node, with_image=True):
-    """The run's text and latent through native WanImageToVideo (a start image, a tiny Wan VAE)."""
-    prompt["112"] = {"class_type": "LoadImage", "inputs": {"image": "wan22_start.png"}}
-    prompt["113"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
-    prompt["114"] = {"class_type": "WanImageToVideo",
-                     "inputs": {"positive": ["3", 0], "negative": ["3", 1], "vae": ["113", 0], "width": 64,
-                                "height": 64, "length": 5, "batch_size": 1}}
-    if with_image:
-        prompt["114"]["inputs"]["start_image"] = ["112", 0]
-    for node in sampler_node:
-        prompt[node]["inputs"].update(positive=["114", 0], negative=["114", 1])
-    prompt[sampler_node[0]]["inputs"]["latent_image"] = ["114", 2]
-    return prompt
 
 
 def test_image_to_video_through_wan_image_to_video_equals_the_native_graph(comfyui, tiny_models, start_image):

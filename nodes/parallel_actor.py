@@ -1,0 +1,71 @@
+"""The Ray actor that is one worker: a process of its own that starts its own ComfyUI, joins the run's
+torch.distributed group and serves the runs of one parallel plan.
+
+Ray ships this class to the worker by value (the pack's module names are ComfyUI's, not importable there), so
+it imports nothing but the standard library here; everything else is imported in the worker, after `boot`
+has put ComfyUI and the pack on its path under the names the driver uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import socket
+import sys
+from datetime import timedelta
+
+# A collective that waits this long for a rank has lost it (the driver releases the workers well before).
+GROUP_TIMEOUT_S = 600
+
+
+class ParallelActor:
+    def __init__(self, rank: int, world: int, device: str, threads: int, comfy_root: str):
+        self.rank, self.world, self.device, self.threads = rank, world, device, threads
+        if device.startswith("cuda:"):  # a pinned GPU: this process sees only it, as cuda:0
+            os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        if comfy_root not in sys.path:  # before any call whose arguments hold ComfyUI's objects
+            sys.path.insert(0, comfy_root)
+        self.worker = None
+
+    def address(self) -> tuple[str, int]:
+        """Where the group's rendezvous listens: this worker's host and a free port on it (rank 0 only)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def boot(self, pack_dir: str, pack_name: str, comfy_args: dict, master: str, port: int) -> int:
+        import torch
+
+        if self.device == "cpu":
+            torch.set_num_threads(self.threads)
+        from comfy.cli_args import args
+
+        for name, value in comfy_args.items():  # the driver's ComfyUI options (dtypes, attention, ...)
+            setattr(args, name, value)
+        args.cpu, args.cuda_device = self.device == "cpu", None
+        if pack_name not in sys.modules:  # the pack, under the name the driver's ComfyUI gave it
+            spec = importlib.util.spec_from_file_location(pack_name, os.path.join(pack_dir, "__init__.py"),
+                                                          submodule_search_locations=[pack_dir])
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[pack_name] = module
+            spec.loader.exec_module(module)
+        worker = importlib.import_module(f"{pack_name}.nodes.parallel_worker")
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo" if self.device == "cpu" else "nccl", init_method=f"tcp://{master}:{port}",
+                                rank=self.rank, world_size=self.world, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+        self.worker = worker.Worker(self.rank, self.world)
+        return os.getpid()
+
+    def run(self, job: dict) -> dict:
+        return self.worker.run(job)
+
+    def interrupt(self) -> None:
+        self.worker.interrupt.set()
+
+    def progress(self):
+        return None if self.worker is None else self.worker.progress

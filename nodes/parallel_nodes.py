@@ -1,0 +1,60 @@
+"""Wan2.2 Parallel Plan: puts a parallel plan on a new experts handle; the sampler then runs each stage on the
+plan's workers, the token sequence split across them (Ulysses sequence parallelism)."""
+
+from __future__ import annotations
+
+import os
+
+from comfy_api.latest import io
+
+from .core import parallel as core
+from .types import CATEGORY, ExpertsType
+
+
+def gpus_here() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class Wan22ParallelPlan(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="Wan22ParallelPlan",
+            display_name="Wan2.2 Parallel Plan (Ray, Ulysses)",
+            category=CATEGORY,
+            description="Runs the sampler's stages on several workers (Ray actors, one per device, in one "
+                        "torch.distributed group), each expert's token sequence split across them with Ulysses "
+                        "attention. Each worker loads the experts itself from the same files and keeps them loaded "
+                        "between runs of this plan. Needs Ray and yunchang: " + core.INSTALL + ".",
+            inputs=[
+                ExpertsType.Input("experts", tooltip="The experts (with their LoRAs and Cache-DiT plan, if any); the "
+                                                     "handle this node received still runs in this process."),
+                io.Int.Input("workers", default=2, min=2, max=core.MAX_WORKERS,
+                             tooltip="How many workers (processes, one per device) share each run."),
+                io.String.Input("devices", default=core.AUTO,
+                                tooltip="'auto': this machine's GPUs (or its CPU when it has none), or a list such as "
+                                        "'cuda:0, cuda:1'; 'cuda, cuda' lets the Ray cluster pick the GPUs (with "
+                                        "RAY_ADDRESS set, on several machines); 'cpu, cpu' runs on the CPU (gloo)."),
+                io.Int.Input("ulysses_degree", default=2, min=1, max=core.MAX_WORKERS,
+                             tooltip="How many workers split each sequence. It must divide the experts' attention "
+                                     "heads (A14B: 40, so 2, 4, 5 or 8) and equal the number of workers."),
+                io.Int.Input("cpu_threads", default=0, min=0, max=1024, advanced=True,
+                             tooltip="Torch threads per CPU worker; 0 shares this machine's cores among them."),
+            ],
+            outputs=[ExpertsType.Output(display_name="experts", tooltip="The same experts, with the plan: connect "
+                                                                        "them to the sampler.")],
+        )
+
+    @classmethod
+    def execute(cls, experts, workers, devices, ulysses_degree, cpu_threads=0) -> io.NodeOutput:
+        plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
+                              heads=experts.architecture.dim // core.HEAD_WIDTH, cpu_threads=cpu_threads,
+                              gpus=gpus_here(), cpus=os.cpu_count() or 1)
+        from .parallel import ray_module
+
+        ray_module()  # says how to install Ray when it is missing, before any run
+        text = (f"{plan.workers} workers on {', '.join(plan.devices)} ({plan.backend}), Ulysses degree "
+                f"{plan.ulysses_degree}")
+        return io.NodeOutput(experts.replace(parallel_plan=plan), ui={"text": [text]})

@@ -1,0 +1,70 @@
+"""What one worker process does (imported there, after its ComfyUI is up): it loads the experts itself from
+the same files, through the same loader factory the MODELs came from (ComfyUI's `cached_patcher_init`, the
+one its MultiGPU clones use), keeps them loaded between runs, puts each run's weight patches (LoRAs) on its
+own clones, and runs the run's stages with ComfyUI's own sampling, as one process would, with its share of
+every sequence (sequence_parallel)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import comfy.utils
+import torch
+
+from . import engine
+from .sequence_parallel import SequenceParallel
+
+
+class Worker:
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self.loaded: dict[str, object] = {}  # loader factory -> the model it made, kept warm between runs
+        self.interrupt = threading.Event()
+        self.progress = None  # (bar, step, steps) of rank 0's sampling
+        self.running = threading.Lock()  # one run at a time (the actor answers progress and interrupt meanwhile)
+
+    def model(self, spec: dict):
+        """A clone of this worker's own copy of the expert, with the run's weight patches."""
+        base = self.loaded.get(spec["key"])
+        if base is None:
+            init = spec["init"]
+            base = init[0](*init[1])
+            if len(init) > 2:
+                base = base[init[2]]
+            self.loaded[spec["key"]] = base
+        model = base.clone()
+        model.patches = {key: list(patches) for key, patches in spec["patches"].items()}
+        model.patches_uuid = spec["patches_uuid"]  # the received MODEL's: unchanged patches stay applied
+        return model
+
+    def on_progress(self, value, total, _preview=None, node_id=None):
+        """ComfyUI's progress bar hook: each stage's bar counts up from the start, so a value below the last
+        one, or another total, is the next stage's bar."""
+        last = self.progress
+        bar = 0 if last is None else last[0] + (value < last[1] or total != last[2])
+        self.progress = (bar, int(value), int(total))
+
+    def run(self, job: dict) -> dict:
+        with self.running:
+            return self.run_one(job)
+
+    def run_one(self, job: dict) -> dict:
+        self.interrupt.clear()
+        self.progress = None
+        models = {role: self.model(spec) for role, spec in job["specs"].items()}
+        experts = job["experts"].replace(high=models.get("high"), low=models.get("low"))
+        schedule = job["schedule"]
+        if job.get("lead") is not None:
+            schedule = schedule.with_lead(dataclasses.replace(schedule.lead, model=self.model(job["lead"])))
+        split = SequenceParallel(self.rank, self.world, self.interrupt)
+        comfy.utils.set_progress_bar_global_hook(self.on_progress if self.rank == 0 else None)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            latent, record = engine.sample(experts, schedule, job["positive"], job["negative"], job["latent"],
+                                           job["seed"], job["cfg"], attach=split.attach)
+        return {"latent": latent if self.rank == 0 else None, "record": record,
+                "seconds": time.perf_counter() - started, "comm_seconds": split.comm_seconds,
+                "contexts": split.contexts,
+                "cached_steps": {stage: stats.get("cached_steps", []) for stage, stats in record.cache.items()}}

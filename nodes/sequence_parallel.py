@@ -1,0 +1,169 @@
+"""Ulysses sequence parallelism on ComfyUI's own WanModel, inside one worker of a torch.distributed group.
+
+Everything goes through a DIFFUSION_MODEL wrapper on the stage's own clone, for one transformer call at a
+time, and is removed when the call returns:
+- ComfyUI's block loop calls each entry of `diffusion_model.blocks` (the real blocks, or cache-dit's one
+  cached entry that runs them); the first entry's input, the token sequence after the patch embedding, is
+  cut to this rank's shard, the RoPE frequencies (and a per-token modulation, where a model has one) are cut
+  to match on every entry, and the last entry's output is gathered back, so the head sees the whole sequence;
+- self-attention runs through ComfyUI's `optimized_attention_override`: yunchang's all-to-all gives each rank
+  every token for its share of the heads, ComfyUI's own attention runs on that, and the all-to-all back
+  returns the rank's tokens with every head. Cross-attention (the text is never split) and the feed-forward
+  run locally;
+- an interrupt is agreed by every rank before each call (an all-reduce), so all stop at the same call and
+  none waits in a collective for one that stopped.
+
+cache-dit, when the stage is cached, sees only this rank's shard; it averages its residual statistic over the
+ranks itself (it does so whenever torch.distributed has more than one rank), and with equal shards the average
+of each rank's mean is the whole sequence's mean, so every rank makes the decision one process would make.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import comfy.model_management
+import comfy.patcher_extension
+import torch
+import torch.distributed as dist
+
+from .core import parallel as core
+from .core.errors import Wan22InputError
+from .wrapper_calls import call_argument
+
+KEY = "wan22_sequence_parallel"
+WrappersMP = comfy.patcher_extension.WrappersMP
+
+
+def all_to_all(x: torch.Tensor, scatter: int, gather: int) -> torch.Tensor:
+    from yunchang.comm.all_to_all import all_to_all_4D
+
+    return all_to_all_4D(x.contiguous(), scatter_idx=scatter, gather_idx=gather)
+
+
+class SequenceParallel:
+    """One worker's part of the split, for the stages of one run; `comm_seconds` is the time it spent in
+    collectives, `contexts` the evaluations of each stage's cache-dit contexts as this rank read them from
+    cache-dit while the stage ran."""
+
+    def __init__(self, rank: int, world: int, interrupt: threading.Event):
+        self.rank, self.world = rank, world
+        self.interrupt = interrupt
+        self.comm_seconds = 0.0
+        self.contexts: dict[str, list] = {}
+        self.in_self_attention = False
+        self.tokens = None
+
+    def attach(self, model, stage: str) -> None:
+        model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY,
+                                   lambda executor, *a, **k: self.diffusion_model_call(stage, executor, *a, **k))
+
+    # --- the collectives, timed ---
+
+    def timed(self, function, *args):
+        started = time.perf_counter()
+        try:
+            return function(*args)
+        finally:
+            self.comm_seconds += time.perf_counter() - started
+
+    def agree_interrupt(self) -> None:
+        flag = torch.tensor([1 if self.interrupt.is_set() else 0], dtype=torch.int32)
+        self.timed(dist.all_reduce, flag, dist.ReduceOp.MAX)
+        if int(flag.item()):
+            self.interrupt.clear()
+            raise comfy.model_management.InterruptProcessingException()
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        self.timed(dist.all_gather, parts, x.contiguous())
+        return torch.cat(parts, dim=1)
+
+    # --- one transformer call ---
+
+    def diffusion_model_call(self, stage, executor, *args, **kwargs):
+        self.agree_interrupt()
+        options = call_argument(executor, args, kwargs, "transformer_options")
+        options["optimized_attention_override"] = self.attention
+        diffusion_model = executor.class_obj
+        if stage not in self.contexts:
+            self.contexts[stage] = context_sizes(diffusion_model)
+        entries = list(diffusion_model.blocks)
+        saved = [vars(entry).get("forward") for entry in entries]
+        hooks = []
+        try:
+            for i, entry in enumerate(entries):
+                inner = saved[i] if saved[i] is not None else type(entry).forward.__get__(entry)
+                entry.forward = self.entry_forward(inner, first=i == 0, last=i == len(entries) - 1)
+            for name, module in diffusion_model.named_modules():
+                if name.rsplit(".", 1)[-1] == "self_attn":
+                    hooks.append(module.register_forward_pre_hook(self.enter_self_attention))
+                    hooks.append(module.register_forward_hook(self.leave_self_attention))
+            return executor(*args, **kwargs)
+        finally:
+            self.in_self_attention = False
+            for hook in hooks:
+                hook.remove()
+            for entry, own in zip(entries, saved):
+                if own is None:
+                    vars(entry).pop("forward", None)
+                else:
+                    entry.forward = own
+
+    def enter_self_attention(self, _module, _args):
+        self.in_self_attention = True
+
+    def leave_self_attention(self, _module, _args, _output):
+        self.in_self_attention = False
+
+    def entry_forward(self, inner, *, first: bool, last: bool):
+        def forward(x, *args, **kwargs):
+            if first:
+                self.tokens = x.shape[1]
+                core.check_sequence(self.tokens, self.world)
+                x = x[:, core.shard(self.tokens, self.world, self.rank)]
+            part = core.shard(self.tokens, self.world, self.rank)
+            for name in ("freqs", "e"):  # per-token inputs follow the tokens; per-video ones stay whole
+                value = kwargs.get(name)
+                if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[1] == self.tokens > 1:
+                    kwargs[name] = value[:, part]
+            out = inner(x, *args, **kwargs)
+            return self.gather(out) if last else out
+        return forward
+
+    # --- self-attention across the ranks ---
+
+    def attention(self, func, *args, **kwargs):
+        if not self.in_self_attention:
+            return func(*args, **kwargs)
+        q, k, v = args[:3]
+        heads = kwargs.get("heads", args[3] if len(args) > 3 else None)
+        if kwargs.get("mask") is not None or kwargs.get("skip_reshape") or q.dim() != 3 or heads % self.world:
+            raise Wan22InputError("ulysses_degree", "the experts' self-attention is not the plain Wan attention the "
+                                                    "sequence split runs (a mask, another layout, or heads that the "
+                                                    "degree does not divide): remove the attention patch, or run "
+                                                    "without the parallel plan")
+        b, s, width = q.shape
+        d = width // heads
+
+        def scatter_heads(t):
+            return self.timed(all_to_all, t.reshape(b, s, heads, d), 2, 1)
+
+        local = heads // self.world
+        q, k, v = (scatter_heads(t) for t in (q, k, v))
+        n = q.shape[1]
+        rest = dict(kwargs, heads=local)
+        out = func(q.reshape(b, n, local * d), k.reshape(b, n, local * d), v.reshape(b, n, local * d),
+                   *args[4:], **rest)
+        out = self.timed(all_to_all, out.reshape(b, n, local, d), 1, 2)
+        return out.reshape(b, s, heads * d)
+
+
+def context_sizes(diffusion_model) -> list:
+    """The evaluations each cache-dit context on the model is sized with, read from cache-dit's own state."""
+    manager = getattr(diffusion_model, "_context_manager", None)
+    if manager is None:
+        return []
+    return [manager.get_context(name).cache_config.num_inference_steps
+            for name in getattr(diffusion_model, "_context_names", ())]

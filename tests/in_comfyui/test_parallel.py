@@ -1,0 +1,223 @@
+"""The parallel plan on two Ray workers on the CPU (gloo), in a real ComfyUI: each run equals the same graph
+in one process, the cache decides on every rank as one process would, faults end in a clear error and leave
+no state behind, and the workers are released when the plan goes or ComfyUI unloads its models."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from . import prompts as P
+
+pytest.importorskip("ray", reason="the parallel plan's tests need Ray (requirements-dev.txt)")
+pytest.importorskip("yunchang", reason="the parallel plan's tests need yunchang (requirements-dev.txt)")
+
+PLAN = {"workers": 2, "devices": "cpu, cpu", "ulysses_degree": 2, "cpu_threads": 1}
+RUN = dict(width=32, height=32, length=5, steps=6, flow_shift=5.0)
+ONE_PROCESS = 1e-5  # the split changes the matmul shapes each rank computes, so the last bits may differ
+
+
+def plan_node(experts_from, **overrides):
+    return {"class_type": "Wan22ParallelPlan", "inputs": {"experts": [experts_from, 0], **PLAN, **overrides}}
+
+
+def with_plan(prompt: dict, **overrides) -> dict:
+    """The prompt with the plan node ("70") right before the sampler."""
+    p = {k: {**v, "inputs": dict(v["inputs"])} for k, v in prompt.items()}
+    p["70"] = plan_node(p["5"]["inputs"]["experts"][0], **overrides)
+    p["5"]["inputs"]["experts"] = ["70", 0]
+    return p
+
+
+def two_heads(parallel_experts, tiny_models, task="t2v", experts="both", **run):
+    high = parallel_experts[(task, "high")] if experts == "both" else "none"
+    loader = P.loader(high, parallel_experts[(task, "low")])
+    return P.our_prompt(loader, P.text_folder(tiny_models), **{**RUN, **run})
+
+
+def parallel_module(comfyui):
+    return comfyui.pack("nodes.parallel")
+
+
+def no_process_left(pids, within=60.0) -> list[int]:
+    """The worker processes still alive after `within` seconds (a hang guard: they usually go at once)."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+CASES = {
+    "t2v-uni_pc-cfg": dict(task="t2v", sampler="uni_pc", cfg=(4.0, 3.0)),
+    "t2v-euler-cfg1-lora": dict(task="t2v", sampler="euler", cfg=(1.0, 1.0), lora=True),
+    "t2v-low-alone-euler-cfg": dict(task="t2v", sampler="euler", cfg=(3.5, 3.5), experts="low"),
+    "i2v-uni_pc-cfg": dict(task="i2v", sampler="uni_pc", cfg=(3.5, 3.5)),
+    "i2v-euler-cfg1-lora": dict(task="i2v", sampler="euler", cfg=(1.0, 1.0), lora=True),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_uncached_run_equals_one_process(comfyui, tiny_models, parallel_experts, start_image, case):
+    c = dict(CASES[case])
+    task, lora, experts = c.pop("task"), c.pop("lora", False), c.pop("experts", "both")
+    if lora:
+        c["lora"] = {"high": parallel_experts[("lora", "high")] if experts == "both" else "none",
+                     "low": parallel_experts[("lora", "low")]}
+    prompt = two_heads(parallel_experts, tiny_models, task, experts, **c)
+    if task == "i2v":
+        prompt = P.with_start_image(prompt, ["5"])
+    alone_report = P.report_of(P.run_ok(comfyui, prompt))
+    alone = P.latent_of(comfyui, "5")
+    report = P.report_of(P.run_ok(comfyui, with_plan(prompt)))
+    split = P.latent_of(comfyui, "5")
+    assert report["split"] == alone_report["split"] and report["loras"] == alone_report["loras"]
+    assert report["transformer_calls"] == alone_report["transformer_calls"]
+    assert report["parallel"]["workers"] == 2 and report["parallel"]["devices"] == ["cpu", "cpu"]
+    assert (split - alone).abs().max().item() <= ONE_PROCESS
+    assert not torch.equal(split, torch.zeros_like(split))
+
+
+def test_seeds_a_b_a_on_warm_workers(comfyui, tiny_models, parallel_experts):
+    runs = {}
+    for i, seed in enumerate((1, 2, 1)):
+        P.run_ok(comfyui, with_plan(two_heads(parallel_experts, tiny_models, seed=seed, cfg=(1.0, 1.0))))
+        runs[i] = P.latent_of(comfyui, "5")
+        if i == 0:
+            pids = parallel_module(comfyui).worker_pids()
+    assert torch.equal(runs[0], runs[2]) and not torch.equal(runs[0], runs[1])
+    assert parallel_module(comfyui).worker_pids() == pids  # the same warm workers served all three
+
+
+def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_experts):
+    """euler/simple, 40 steps, flow shift 5 then 12 on the same warm workers: every rank's contexts, read
+    from cache-dit inside the worker while its stage ran, are sized with that stage's evaluations, and the
+    cached steps are one process's."""
+    for shift in (5.0, 12.0):
+        prompt = two_heads(parallel_experts, tiny_models, sampler="euler", steps=40, flow_shift=shift, cfg=(1.0, 1.0),
+                           cache=P.CACHING)
+        alone = P.report_of(P.run_ok(comfyui, prompt))
+        alone_latent = P.latent_of(comfyui, "5")
+        report = P.report_of(P.run_ok(comfyui, with_plan(prompt)))
+        parallel = report["parallel"]
+        for stage in ("high", "low"):
+            evaluations = alone["cache"][stage]["evaluations"]
+            assert report["cache"][stage]["evaluations"] == evaluations
+            assert report["cache"][stage]["cached_steps"] == alone["cache"][stage]["cached_steps"]
+            assert alone["cache"][stage]["cached_steps"], "the test's threshold should cache some steps"
+            for rank in range(2):
+                assert parallel["context_evaluations"][rank][stage], (rank, stage)
+                assert set(parallel["context_evaluations"][rank][stage]) == {evaluations}, (rank, stage)
+                assert parallel["cached_steps"][rank][stage] == alone["cache"][stage]["cached_steps"]
+        assert parallel["ranks_agree"]
+        assert (P.latent_of(comfyui, "5") - alone_latent).abs().max().item() <= ONE_PROCESS
+
+
+LONG = dict(sampler="euler", steps=60, cfg=(1.0, 1.0), width=64, height=64, length=9)
+
+
+def test_a_worker_killed_mid_run_is_a_clear_error_then_the_prompt_runs_clean(comfyui, tiny_models, parallel_experts,
+                                                                           progress_hook):
+    prompt = with_plan(two_heads(parallel_experts, tiny_models, **LONG))
+    P.run_ok(comfyui, prompt)  # warm workers
+    victim = parallel_module(comfyui).worker_pids()[1]
+    killed = []
+
+    def kill(value, total, node):
+        if node == "5" and value >= 2 and not killed:
+            os.kill(victim, signal.SIGKILL)
+            killed.append(time.monotonic())
+    progress_hook.append(kill)
+    message = P.failed_at_run(comfyui, prompt)
+    assert killed and time.monotonic() - killed[0] < 60
+    assert "workers: worker 1 (cpu) stopped mid-run" in message and "next run starts fresh ones" in message
+    assert no_process_left(parallel_module(comfyui).worker_pids() + [victim]) == []
+    progress_hook.clear()
+    P.run_ok(comfyui, prompt)
+    after = P.latent_of(comfyui, "5")
+    P.run_ok(comfyui, two_heads(parallel_experts, tiny_models, **LONG))  # no plan: the workers go
+    P.run_ok(comfyui, prompt)  # fresh workers: a clean run
+    assert torch.equal(after, P.latent_of(comfyui, "5"))
+
+
+def test_an_interrupt_stops_every_worker_then_the_prompt_runs_clean(comfyui, tiny_models, parallel_experts,
+                                                                   progress_hook):
+    import comfy.model_management
+
+    prompt = with_plan(two_heads(parallel_experts, tiny_models, **LONG))
+    P.run_ok(comfyui, prompt)
+    clean = P.latent_of(comfyui, "5")
+    pids = parallel_module(comfyui).worker_pids()
+
+    def interrupt(value, total, node):
+        if node == "5" and value >= 2:
+            comfy.model_management.interrupt_current_processing(True)
+    progress_hook.append(interrupt)
+    result = comfyui.run(prompt, executor=comfyui.new_executor())
+    assert result.valid and not result.success
+    assert any(event == "execution_interrupted" for event, _ in result.messages)
+    progress_hook.clear()
+    assert parallel_module(comfyui).worker_pids() == pids  # they stopped together and stay warm
+    P.run_ok(comfyui, prompt)
+    assert torch.equal(clean, P.latent_of(comfyui, "5"))
+
+
+def test_no_worker_is_left_after_the_plan_is_removed_or_comfyui_unloads_models(comfyui, tiny_models,
+                                                                               parallel_experts):
+    import comfy.model_management
+
+    prompt = two_heads(parallel_experts, tiny_models)
+    P.run_ok(comfyui, with_plan(prompt))
+    pids = parallel_module(comfyui).worker_pids()
+    assert len(pids) == 2 and no_process_left(pids, within=0) == pids
+    P.run_ok(comfyui, prompt)  # the same graph without the plan
+    assert parallel_module(comfyui).worker_pids() == [] and no_process_left(pids) == []
+    P.run_ok(comfyui, with_plan(prompt))
+    pids = parallel_module(comfyui).worker_pids()
+    comfy.model_management.unload_all_models()  # what Unload Models and /free do
+    assert parallel_module(comfyui).worker_pids() == [] and no_process_left(pids) == []
+
+
+@pytest.mark.parametrize("plan, words", [
+    (dict(ulysses_degree=1), "ulysses_degree: 1 splits nothing"),
+    (dict(workers=2, ulysses_degree=3), "ulysses_degree: 3 does not divide the experts' 2 "
+                                                                 "attention heads"),
+    (dict(workers=3, ulysses_degree=2, devices="cpu, cpu, cpu"), "ulysses_degree: 2 with 3 workers"),
+    (dict(workers=3, ulysses_degree=3), "workers: more workers (3) than devices (2: cpu, cpu)"),
+    (dict(devices="cpu, cuda:0"), "devices: 'cpu, cuda:0' mixes CPU and GPU workers"),
+    (dict(devices="tpu"), "devices: 'tpu' is not a device list"),
+])
+def test_bad_plans_are_refused_by_name(comfyui, tiny_models, parallel_experts, plan, words):
+    message = P.failed_at_run(comfyui, with_plan(two_heads(parallel_experts, tiny_models), **plan))
+    assert words in message, message
+
+
+def test_a_sequence_that_does_not_split_evenly_is_refused_by_name(comfyui, tiny_models, parallel_experts):
+    message = P.failed_at_run(comfyui, with_plan(two_heads(parallel_experts, tiny_models, width=48, height=16,
+                                                           length=1)))
+    assert "ulysses_degree: the video's 3 tokens" in message and "do not split into 2 equal parts" in message
+
+
+def test_without_ray_the_node_says_how_to_install_it(comfyui, tiny_models, parallel_experts, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    message = P.failed_at_run(comfyui, with_plan(two_heads(parallel_experts, tiny_models)))
+    assert "the parallel plan needs Ray and yunchang (ray is not installed)" in message and "pip install" in message
+
+
+def test_a_model_patch_the_workers_cannot_rebuild_is_refused_by_name(comfyui, tiny_models, parallel_experts,
+                                                                     probe_nodes):
+    high, low = parallel_experts[("t2v", "high")], parallel_experts[("t2v", "low")]
+    prompt = P.our_prompt(P.on_each_expert(P.bridged(high, low), "Wan22TestRecordAttention"),
+                          P.text_folder(tiny_models), **RUN)
+    message = P.failed_at_run(comfyui, with_plan(prompt))
+    assert "carries model patches the workers cannot rebuild (transformer option optimized_attention_override" \
+           in message, message
+    assert not probe_nodes["attention"], "nothing may run before the refusal"
+
