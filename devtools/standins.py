@@ -24,6 +24,10 @@ EXPERT_FILES = {
     "wan2.2_t2v_high_noise_14B_fp16.safetensors": ("t2v", "high", "fp16"),
     "wan2.2_t2v_low_noise_14B_fp16.safetensors": ("t2v", "low", "fp16"),
 }
+# Experts with two attention heads (width 256), which a Ulysses degree of 2 can split: the parallel workflow's
+# test runs on them in place of the template's files (the one-head stand-ins above cannot be split).
+TWO_HEAD_FILES = {"high": "wan2.2_t2v_high_noise_14B_2heads_fp16.safetensors",
+                  "low": "wan2.2_t2v_low_noise_14B_2heads_fp16.safetensors"}
 UMT5 = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 VAE = "wan_2.1_vae.safetensors"
 TEXT_FOLDER = "Wan2.2-T2V-A14B-tiny-Diffusers"
@@ -52,6 +56,11 @@ def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: 
             if key not in experts:
                 experts[key] = tiny_wan.make_expert(task, tiny_wan.EXPERT_SEEDS[key])
             tiny_wan.write_single_file(experts[key], path, fmt)
+    for role, name in TWO_HEAD_FILES.items():
+        path = os.path.join(models_dir, "diffusion_models", name)
+        if not os.path.isfile(path):
+            expert = tiny_wan.make_expert("t2v", tiny_wan.EXPERT_SEEDS[("t2v", role)], dim=256, ffn_dim=512)
+            tiny_wan.write_single_file(expert, path, "fp16")
     lora_model = None
     for role, name in tiny_wan.LORA_NAMES.items():  # the LightX2V 4-step LoRAs of ComfyUI's own template
         path = os.path.join(models_dir, "loras", name)

@@ -91,6 +91,23 @@ def t2v() -> dict:
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
 
 
+def t2v_parallel() -> dict:
+    """The text-to-video workflow with the parallel plan between the cache and the sampler: two workers on this
+    machine's GPUs (or its CPU), each expert's sequence split between them."""
+    high, low = T2V_EXPERTS
+    nodes = native_text("A red fox trots through fresh snow in a birch forest at sunrise, its breath visible, "
+                        "the camera tracking beside it at ground level.")
+    nodes += experts_schedule_cache("t2v", high, low, "uni_pc", 40, 12.0)
+    nodes.append(node(15, "Wan22ParallelPlan", [20, 760], {"workers": 2, "devices": "auto", "ulysses_degree": 2,
+                                                          "cpu_threads": 0}, {"experts": (6, 0)}))
+    nodes.append(node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 832, "height": 480, "length": 81,
+                                                               "batch_size": 1}))
+    nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (4.0, 3.0), True, "video/wan22_t2v_parallel",
+                                 experts_from=(15, 0))
+    return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
+                                       model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
 def low_noise_t2i() -> dict:
     low = T2V_EXPERTS[1]
     nodes = native_text("A lighthouse on a rocky cliff under a stormy sky, waves breaking below, dramatic light, "
@@ -258,4 +275,5 @@ WORKFLOWS = {
     "wan22_t2v_a14b_lightx2v_3stage": t2v_lightx2v_3stage,
     "wan22_t2v_a14b_template_cachedit_model": t2v_template_cachedit_model,
     "wan22_tiny_demo": tiny_demo,
+    "wan22_t2v_a14b_parallel": t2v_parallel,
 }

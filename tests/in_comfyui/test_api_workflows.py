@@ -11,7 +11,7 @@ from devtools.workflow_specs import NEGATIVE, TEMPLATE_PROMPT, WORKFLOWS
 
 API_DIR = os.path.join(ROOT, "example_workflows", "api")
 OWN_TESTS = ("wan22_tiny_demo", "wan22_t2v_a14b_lightx2v_4steps", "wan22_t2v_a14b_lightx2v_3stage",
-             "wan22_t2v_a14b_template_cachedit_model")
+             "wan22_t2v_a14b_template_cachedit_model", "wan22_t2v_a14b_parallel")
 NATIVE_TEXT = [name for name in WORKFLOWS if name not in OWN_TESTS]
 
 
@@ -127,6 +127,26 @@ def test_the_template_with_the_cache_dit_model_node_runs_on_its_two_ksampleradva
     assert entry["status"]["status_str"] == "success", entry["status"]
     cache_nodes = [k for k, v in api.items() if v["class_type"] == "Wan22CacheDiTModel"]
     assert all("sized at each sample call" in entry["outputs"][k]["text"][0] for k in cache_nodes)
+
+
+def test_the_parallel_workflow_runs_on_two_workers_over_http(native_server):
+    """The text-to-video workflow with the parallel plan, posted to a real server: two CPU workers (devices
+    'auto' on a machine without a GPU) run it, on the two-head stand-ins (the template's one-head stand-ins
+    cannot be split), and the report names them."""
+    pytest.importorskip("ray", reason="the parallel plan needs Ray (requirements-dev.txt)")
+    from devtools.standins import TWO_HEAD_FILES
+
+    api = api_workflow("wan22_t2v_a14b_parallel")
+    plan = next(v for v in api.values() if v["class_type"] == "Wan22ParallelPlan")["inputs"]
+    assert (plan["workers"], plan["devices"], plan["ulysses_degree"]) == (2, "auto", 2)
+    prompt = with_tiny_size(api)
+    loader = next(v for v in prompt.values() if v["class_type"] == "Wan22ExpertLoader")["inputs"]
+    loader.update(high_noise_model=TWO_HEAD_FILES["high"], low_noise_model=TWO_HEAD_FILES["low"])
+    entry = run(native_server, prompt)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    report = report_of(entry)
+    assert report["parallel"]["workers"] == 2 and report["parallel"]["devices"] == ["cpu", "cpu"]
+    assert report["parallel"]["ranks_agree"] and report["steps"] == 8
 
 
 AS_SHIPPED = {"wan22_t2v_a14b_lightx2v_4steps": {"high": 2, "low": 2}, "wan22_low_noise_t2i": {"high": 0, "low": 30},
