@@ -67,4 +67,5 @@ class Worker:
         return {"latent": latent if self.rank == 0 else None, "record": record,
                 "seconds": time.perf_counter() - started, "comm_seconds": split.comm_seconds,
                 "contexts": split.contexts,
-                "cached_steps": {stage: stats.get("cached_steps", []) for stage, stats in record.cache.items()}}
+                "cached_steps": {stage: stats.get("cached_steps", []) for stage, stats in record.cache.items()},
+                "residual_diffs": {stage: stats.get("residual_diffs", {}) for stage, stats in record.cache.items()}}

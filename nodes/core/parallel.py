@@ -13,7 +13,7 @@ HEAD_WIDTH = 128  # Wan's attention heads are 128 wide: A14B's 5120 is 40 heads
 MAX_WORKERS = 64
 AUTO = "auto"
 DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
-INSTALL = "pip install 'ray[default]>=2.60' yunchang (into ComfyUI's Python), then restart ComfyUI"
+INSTALL = "pip install 'ray>=2.60' yunchang (into ComfyUI's Python), then restart ComfyUI"
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,11 @@ def parallel_report(plan: ParallelPlan, ranks: list[dict]) -> dict:
         "rank_seconds": [round(r["seconds"], 4) for r in ranks],
         "communication_share": [round(r["comm_seconds"] / r["seconds"], 4) if r["seconds"] else 0.0 for r in ranks],
         "cached_steps": [r["cached_steps"] for r in ranks],
+        # cache-dit's residual-difference statistic per step, as each rank computed it: one value on every rank
+        # (the reduced whole sequence's), never a shard's own
+        "residual_diffs": [r.get("residual_diffs", {}) for r in ranks],
         "context_evaluations": [r["contexts"] for r in ranks],
-        "ranks_agree": all(r["cached_steps"] == ranks[0]["cached_steps"] for r in ranks),
+        "ranks_agree": all((r["cached_steps"], r.get("residual_diffs")) == (ranks[0]["cached_steps"],
+                                                                           ranks[0].get("residual_diffs"))
+                           for r in ranks),
     }

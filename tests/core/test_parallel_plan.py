@@ -67,3 +67,6 @@ def test_the_report_gives_each_ranks_time_and_communication_share():
     assert report["ranks_agree"] and report["devices"] == ["cpu", "cpu"] and report["cpu_threads"] == 1
     ranks[1]["cached_steps"] = {"low": [4]}
     assert not parallel.parallel_report(p, ranks)["ranks_agree"]
+    ranks[1]["cached_steps"] = {"low": [3]}
+    ranks[0]["residual_diffs"], ranks[1]["residual_diffs"] = {"low": {"3": 0.1}}, {"low": {"3": 0.2}}
+    assert not parallel.parallel_report(p, ranks)["ranks_agree"]

@@ -85,6 +85,21 @@ def test_uncached_run_equals_one_process(comfyui, tiny_models, parallel_experts,
     assert not torch.equal(split, torch.zeros_like(split))
 
 
+def test_three_stages_with_the_lead_on_workers_equal_one_process(comfyui, tiny_models, parallel_experts):
+    """The three-stage recipe: the lead stage's expert (the loader's, without the LoRAs) is rebuilt in each
+    worker as well, and the three stages equal one process's."""
+    loras = {"high": parallel_experts[("lora", "high")], "low": parallel_experts[("lora", "low")]}
+    prompt = two_heads(parallel_experts, tiny_models, sampler="euler", steps=8, cfg=(1.0, 1.0), lora=loras)
+    prompt["41"] = P.lead_node(lead_steps=24, start_step=1, cfg=3.5)
+    prompt["5"]["inputs"]["schedule"] = ["41", 0]
+    alone = P.report_of(P.run_ok(comfyui, prompt))
+    alone_latent = P.latent_of(comfyui, "5")
+    report = P.report_of(P.run_ok(comfyui, with_plan(prompt)))
+    assert report["split"] == alone["split"] == {"lead": 3, "high": 3, "low": 4}
+    assert report["parallel"]["workers"] == 2
+    assert (P.latent_of(comfyui, "5") - alone_latent).abs().max().item() <= ONE_PROCESS
+
+
 def test_seeds_a_b_a_on_warm_workers(comfyui, tiny_models, parallel_experts):
     runs = {}
     for i, seed in enumerate((1, 2, 1)):
@@ -112,10 +127,16 @@ def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_expert
             assert report["cache"][stage]["evaluations"] == evaluations
             assert report["cache"][stage]["cached_steps"] == alone["cache"][stage]["cached_steps"]
             assert alone["cache"][stage]["cached_steps"], "the test's threshold should cache some steps"
+            diffs = alone["cache"][stage]["residual_diffs"]
+            assert diffs, "cache-dit should have measured the residual difference"
             for rank in range(2):
                 assert parallel["context_evaluations"][rank][stage], (rank, stage)
                 assert set(parallel["context_evaluations"][rank][stage]) == {evaluations}, (rank, stage)
                 assert parallel["cached_steps"][rank][stage] == alone["cache"][stage]["cached_steps"]
+                # the whole sequence's statistic on every rank (a shard's own would differ from it)
+                ranked = parallel["residual_diffs"][rank][stage]
+                assert ranked.keys() == diffs.keys(), (rank, stage)
+                assert all(abs(ranked[k] - diffs[k]) <= 1e-4 for k in diffs), (rank, stage, ranked, diffs)
         assert parallel["ranks_agree"]
         assert (P.latent_of(comfyui, "5") - alone_latent).abs().max().item() <= ONE_PROCESS
 
