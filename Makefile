@@ -25,6 +25,7 @@ bench: setup
 	$(PY) -m bench.endurance
 	$(PY) -m bench.few_steps
 	$(PY) -m bench.compile
+	$(PY) -m bench.parallel
 
 clean:
 	rm -rf .demo .pytest_cache

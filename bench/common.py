@@ -14,6 +14,50 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+def write_results(stem: str, heading: str, text: str, results: dict, note: str = "") -> None:
+    """bench/results/{stem}.json (the figures) and {stem}.md (the table under a heading, the run's config),
+    and the table printed."""
+    import json
+
+    folder = os.path.join(ROOT, "bench", "results")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{stem}.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    with open(os.path.join(folder, f"{stem}.md"), "w") as f:
+        f.write(f"# {heading}\n\n{text}\n\n{note}Config: `{json.dumps(results['config'])}`\n")
+    print(text)
+    print(f"[bench] written: {os.path.join(folder, stem + '.json')}, {stem}.md")
+
+
+def tiny_experts(base: str, expert: dict):
+    """A ComfyUI loaded in this process on `base`, and two random experts of the given shape written there
+    as fp32 files and loaded by ComfyUI's own loader: (the harness, role -> MODEL)."""
+    from devtools import tiny_wan
+    from devtools.comfy_inprocess import InProcessComfy
+
+    harness = InProcessComfy(base)
+    import comfy.sd
+
+    folder = os.path.join(base, "models", "diffusion_models")
+    return harness, {role: comfy.sd.load_diffusion_model(tiny_wan.write_single_file(
+        tiny_wan.make_expert("t2v", seed, **expert), os.path.join(folder, f"bench_{role}.safetensors"), "fp32"))
+        for role, seed in (("high", 1), ("low", 2))}
+
+
+def repeats_main(doc: str, measure, table, stem: str, heading: str, note: str = "") -> int:
+    """The command line of a benchmark that takes `--repeats` and `--quick`: measure, print, write."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a tiny model, for a smoke test")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    results = measure(args.repeats, args.quick)
+    write_results(f"{stem}_quick" if args.quick else stem, heading, table(results), results, note)
+    return 0
+
+
 class Timer:
     """Wall time on the CPU; CUDA events on a GPU (both synchronised at the end of the measured call)."""
 

@@ -21,17 +21,13 @@ Prints a table and writes bench/results/compile.{json,md}.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import tempfile
 import time
 
-import torch
-
-from bench.common import Runs, Timer, cache_columns, interleaved, round_speedups
-from bench.run import RESULTS, RUN, SPEED_EXPERT, SPEED_LATENT, rel_l2
+from bench.common import Runs, Timer, cache_columns, interleaved, repeats_main, round_speedups, tiny_experts
+from bench.run import RUN, SPEED_EXPERT, SPEED_LATENT, rel_l2
 
 QUICK_EXPERT = {"dim": 128, "ffn_dim": 256, "num_layers": 4}
 QUICK_LATENT = (1, 16, 1, 8, 8)
@@ -51,19 +47,11 @@ def compiled(model, mode: str, layers: int):
 
 
 def measure(repeats: int, quick: bool) -> dict:
-    from devtools import tiny_wan
-    from devtools.comfy_inprocess import InProcessComfy
-
     expert, latent = (QUICK_EXPERT, QUICK_LATENT) if quick else (SPEED_EXPERT, SPEED_LATENT)
     with tempfile.TemporaryDirectory(prefix="wan22-bench-compile-") as base:
-        harness = InProcessComfy(base)
-        import comfy.sd
+        harness, loaded = tiny_experts(base, expert)
         import torch._dynamo
 
-        folder = os.path.join(base, "models", "diffusion_models")
-        loaded = {role: comfy.sd.load_diffusion_model(tiny_wan.write_single_file(
-            tiny_wan.make_expert("t2v", seed, **expert), os.path.join(folder, f"bench_{role}.safetensors"), "fp32"))
-            for role, seed in (("high", 1), ("low", 2))}
         plan = harness.pack("nodes.core.cache").CachePlan()
         import torch._inductor.config
 
@@ -107,23 +95,8 @@ def table(results: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="a tiny model, for a smoke test")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    results = measure(args.repeats, args.quick)
-    text = table(results)
-    stem = "compile_quick" if args.quick else "compile"
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{stem}.json"), "w") as f:
-        json.dump(results, f, indent=2, default=str)
-    with open(os.path.join(RESULTS, f"{stem}.md"), "w") as f:
-        f.write(f"# torch.compile and the cache (CPU, inductor, random weights)\n\n{text}\n\n"
-                f"Config: `{json.dumps(results['config'])}`\n")
-    print(text)
-    print(f"[bench] written: {os.path.join(RESULTS, stem + '.json')}, {stem}.md")
-    return 0
+    return repeats_main(__doc__, measure, table, "compile",
+                        "torch.compile and the cache (CPU, inductor, random weights)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,126 @@
+"""The parallel plan on the CPU: two workers (one torch thread each, gloo) against one process (one thread),
+side by side in one run, with the cache off and on.
+
+The experts are narrow (width 256: two heads of 128, so that a Ulysses degree of 2 splits them) and the video
+long enough in tokens (6144: 6 latent frames of 64x64) for self-attention, which the split shares out, to take
+most of each forward, as it does at Wan2.2 A14B's real size. The weights are random; both experts load once in
+this process (the one-process runs) and once in each worker (the plan's runs, workers kept warm). Every variant
+runs once untimed first (loading, the workers' start), then the rounds are interleaved (the order reverses each
+round), and each speed-up is the median over the rounds of that round's ratio to the one-process run with the
+same cache setting. The communication share is each rank's time inside collectives over its run time, the
+median over the rounds; peak RSS is each process's high-water mark (VmHWM) after the rounds.
+
+Prints a table and writes bench/results/parallel.{json,md}.
+
+    .venv/bin/python -m bench.parallel [--repeats N] [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+
+import torch
+
+from bench.common import Runs, Timer, cache_columns, interleaved, repeats_main, round_speedups, tiny_experts
+from bench.run import rel_l2
+
+EXPERT = {"dim": 256, "ffn_dim": 512, "num_layers": 4}
+LATENT = (1, 16, 6, 64, 64)  # 6 x 32 x 32 = 6144 tokens
+QUICK_EXPERT = {"dim": 256, "ffn_dim": 512, "num_layers": 2}
+QUICK_LATENT = (1, 16, 1, 32, 32)
+RUN = {"sampler": "euler", "scheduler": "simple", "steps": 4, "flow_shift": 5.0, "cfg": {"high": 1.0, "low": 1.0},
+       "seed": 42}
+TARGET = 1.5  # the speed-up the plan is to reach with two CPU workers
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(repeats: int, quick: bool) -> dict:
+    expert, latent = (QUICK_EXPERT, QUICK_LATENT) if quick else (EXPERT, LATENT)
+    torch.set_num_threads(1)  # the one-process runs: one thread, as each worker has
+    with tempfile.TemporaryDirectory(prefix="wan22-bench-parallel-") as base:
+        harness, models = tiny_experts(base, expert)
+        core_cache, core_parallel = harness.pack("nodes.core.cache"), harness.pack("nodes.core.parallel")
+        warm = core_cache.ExpertCacheSettings(warmup_steps=1, max_cached_steps=-1)
+        cache = core_cache.CachePlan(high=warm, low=warm)
+        plan = core_parallel.make_plan(workers=2, devices="cpu, cpu", ulysses_degree=2,
+                                       heads=expert["dim"] // core_parallel.HEAD_WIDTH, cpu_threads=1, gpus=0,
+                                       cpus=os.cpu_count() or 1)
+        runs = Runs(harness, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=RUN["steps"],
+                    flow_shift=RUN["flow_shift"], seed=RUN["seed"], cfg=RUN["cfg"], latent_shape=latent)
+        variants = {}
+        for cached in (False, True):
+            for workers in (1, 2):
+                name = f"{'2 workers' if workers == 2 else '1 process'}, cache {'on' if cached else 'off'}"
+                variants[name] = parallel_run(runs, name, cache if cached else None, plan if workers == 2 else None)
+        for run in variants.values():
+            run()  # loads the experts (and starts the workers)
+        shares = {name: [] for name in variants}
+
+        def recording(name, run):
+            def call():
+                out = run()
+                parallel = runs.records[name].parallel
+                if parallel:
+                    shares[name].append(statistics.mean(parallel["communication_share"]))
+                return out
+            return call
+        timed = interleaved(Timer(torch.device("cpu")), {n: recording(n, r) for n, r in variants.items()}, repeats)
+        pids = harness.pack("nodes.parallel").worker_pids()
+        rss = {"driver": peak_rss_mb(), **{f"worker {i}": peak_rss_mb(pid) for i, pid in enumerate(pids)}}
+        records = dict(runs.records)
+        harness.pack("nodes.parallel").release()
+    rows = {}
+    for name, (out, seconds, all_seconds) in timed.items():
+        reference = timed[name.replace("2 workers", "1 process")]
+        speedup, ratios = round_speedups(reference[2], all_seconds)
+        rows[name] = {"seconds": seconds, "all_seconds": all_seconds, "speedup": speedup, "speedups": ratios,
+                      "scaling_efficiency": speedup / 2 if name.startswith("2") else None,
+                      "communication_share": statistics.median(shares[name]) if shares[name] else None,
+                      "max_abs_vs_one_process": (out - reference[0]).abs().max().item(),
+                      "rel_l2_vs_one_process": rel_l2(reference[0], out), **cache_columns(records[name])}
+    return {"variants": rows, "peak_rss_mb": rss, "target_speedup": TARGET,
+            "config": {"expert": expert, "latent": list(latent), "tokens": core_parallel.latent_tokens(latent),
+                       "run": RUN, "repeats": repeats, "threads_per_process": 1, "torch": torch.__version__,
+                       "machine": platform.machine(), "cpu_count": os.cpu_count()}}
+
+
+def parallel_run(runs: Runs, name: str, cache, plan):
+    experts = runs.experts.replace(cache_plan=cache, parallel_plan=plan)
+
+    def run():
+        latent, runs.records[name] = runs.engine.sample(experts, runs.schedule, runs.positive, runs.negative,
+                                                        runs.latent, runs.seed, runs.cfg)
+        return latent["samples"]
+    return run
+
+
+def table(results: dict) -> str:
+    lines = ["| run | seconds (fastest) | speed-up vs 1 process | scaling efficiency | communication share | "
+             "max abs vs 1 process | cached steps |", "|---|---|---|---|---|---|---|"]
+    for name, row in results["variants"].items():
+        efficiency = f"{row['scaling_efficiency']:.0%}" if row["scaling_efficiency"] is not None else "-"
+        share = f"{row['communication_share']:.0%}" if row["communication_share"] is not None else "-"
+        cached = sum(len(s) for s in row.get("cached_steps", {}).values())
+        lines.append(f"| {name} | {row['seconds']:.3f} | {row['speedup']:.2f}x | {efficiency} | {share} | "
+                     f"{row['max_abs_vs_one_process']:.2e} | {cached} |")
+    rss = ", ".join(f"{k} {v:.0f} MB" for k, v in results["peak_rss_mb"].items())
+    return "\n".join(lines) + f"\n\nPeak RSS: {rss}."
+
+
+def main() -> int:
+    return repeats_main(__doc__, measure, table, "parallel", "The parallel plan on the CPU: 2 workers x 1 thread "
+                        "against 1 process x 1 thread (random weights)", f"Target: {TARGET}x with two workers. ")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
