@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 
 import comfy.model_management
 import comfy.patcher_extension
@@ -36,6 +37,8 @@ GRACE_S = 10  # how long the other workers may take to answer once one has faile
 # Object patches ComfyUI's own nodes put on a Wan MODEL that the workers rebuild: the flow shift
 # (ModelSamplingSD3), which every stage sets again from the schedule.
 REBUILT_OBJECT_PATCHES = ("model_sampling",)
+# Conditioning entries that carry models or Python objects of their own, which a worker cannot rebuild.
+WORKERLESS_CONDITIONING = ("control", "hooks", "gligen")
 _POOL = None
 _STAND_IN = None
 _LOCK = threading.RLock()
@@ -134,6 +137,16 @@ def stand_in() -> WorkersInComfy:
     return _STAND_IN
 
 
+def physical(device: str) -> str:
+    """A pinned GPU as the driver's process sees it (cuda:N of its CUDA_VISIBLE_DEVICES), as the worker must
+    name it (the physical GPU, which its own CUDA_VISIBLE_DEVICES then shows as cuda:0)."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if device.startswith("cuda:") and visible:
+        index = int(device.split(":")[1])
+        return f"cuda:{visible[index]}" if index < len(visible) else device
+    return device
+
+
 def comfy_root() -> str:
     import folder_paths
 
@@ -143,7 +156,9 @@ def comfy_root() -> str:
 def comfy_args() -> dict:
     from comfy.cli_args import args
 
-    skip = {"listen", "port", "cpu", "cuda_device", "cuda_malloc", "disable_cuda_malloc"}
+    # the worker's own device, and no previews (the workers' progress carries none back)
+    skip = {"listen", "port", "cpu", "cuda_device", "default_device", "cuda_malloc", "disable_cuda_malloc",
+            "preview_method"}
     return {name: value for name, value in vars(args).items() if name not in skip}
 
 
@@ -172,7 +187,7 @@ class Pool:
             for rank, device in enumerate(plan.devices):
                 gpus = 1 if device == "cuda" else 0
                 self.actors.append(actor.options(num_cpus=needs["num_cpus"], num_gpus=gpus, max_concurrency=4)
-                                   .remote(rank, plan.workers, device, plan.cpu_threads, comfy_root()))
+                                   .remote(rank, plan.workers, physical(device), plan.cpu_threads, comfy_root()))
             master, port = ray.get(self.actors[0].address.remote(), timeout=BOOT_TIMEOUT_S)
             pack_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             pack_name = __name__.rsplit(".nodes.", 1)[0]
@@ -230,9 +245,11 @@ class Pool:
             return Wan22InputError("workers", f"{self.describe(rank)} stopped mid-run ({type(e).__name__}); the "
                                               "workers were released, and the next run starts fresh ones")
         cause = getattr(error, "cause", None) if isinstance(error, ray.exceptions.RayTaskError) else None
+        # only a refusal or a cancel that every rank made at the same call leaves the group in a known state
+        safe = (Wan22InputError, comfy.model_management.InterruptProcessingException)
         same = len(errors) == len(refs) and all(type(getattr(e, "cause", None)) is type(cause)
                                                 for e in errors.values())
-        if cause is None or not same:
+        if not (isinstance(cause, safe) and same):
             self.release()
         if cause is not None:
             return cause
@@ -240,15 +257,15 @@ class Pool:
 
     def run(self, job: dict) -> list[dict]:
         ray = self.ray
-        job_ref = ray.put(job)
-        refs = [a.run.remote(job_ref) for a in self.actors]
+        job = {**job, "run": uuid.uuid4().hex}  # a cancel names its run: one that comes late cancels no other
+        refs = []
         state = {"bar": None, "seen": None, "interrupted": False}
 
         def interrupt():
             if not state["interrupted"]:
                 state["interrupted"] = True
                 for a in self.actors:
-                    a.interrupt.remote()
+                    a.interrupt.remote(job["run"])
 
         def on_poll():
             if comfy.model_management.processing_interrupted():
@@ -267,12 +284,17 @@ class Pool:
                 except comfy.model_management.InterruptProcessingException:
                     interrupt()  # ComfyUI's server hook raises it for a cancel: the workers stop together
         try:
-            return self.wait(refs, on_poll=on_poll)
+            job_ref = ray.put(job)
+            refs += [a.run.remote(job_ref) for a in self.actors]
+            answers = self.wait(refs, on_poll=on_poll)
+            if state["interrupted"]:  # cancelled after the workers' last agreement: still a cancel
+                raise comfy.model_management.InterruptProcessingException()
+            return answers
         except comfy.model_management.InterruptProcessingException:
             comfy.model_management.interrupt_current_processing(False)  # taken, as ComfyUI's own check does
             raise
         except BaseException:
-            if not self.released and not all(ray.wait([r], timeout=0)[0] for r in refs):
+            if not self.released and (not refs or not all(ray.wait([r], timeout=0)[0] for r in refs)):
                 self.release()  # never leave a run going behind the next one
             raise
 
@@ -340,6 +362,11 @@ def sample(experts, schedule, positive, negative, latent: dict, seed: int, cfg: 
     """The run on the plan's workers: rank 0's LATENT, and its record with each rank's figures."""
     plan = experts.parallel_plan
     core.check_sequence(core.latent_tokens(latent["samples"].shape), plan.ulysses_degree)
+    for name, conditioning in (("positive", positive), ("negative", negative)):
+        carried = sorted({key for _, entry in conditioning for key in WORKERLESS_CONDITIONING if entry.get(key)})
+        if carried:
+            raise Wan22InputError(name, f"carries {', '.join(carried)} (a ControlNet, hooks or GLIGEN node), which "
+                                        "the workers cannot run: remove that node, or run without the parallel plan")
     specs = {role: model_spec(model, role) for role, model in experts.models().items()}
     lead = schedule.lead
     job = {"experts": experts.replace(high=None, low=None, parallel_plan=None), "specs": specs,

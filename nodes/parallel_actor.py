@@ -64,8 +64,8 @@ class ParallelActor:
     def run(self, job: dict) -> dict:
         return self.worker.run(job)
 
-    def interrupt(self) -> None:
-        self.worker.interrupt.set()
+    def interrupt(self, run: str) -> None:
+        self.worker.cancel(run)
 
     def progress(self):
         return None if self.worker is None else self.worker.progress

@@ -21,7 +21,8 @@ class Worker:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
         self.loaded: dict[str, object] = {}  # loader factory -> the model it made, kept warm between runs
-        self.interrupt = threading.Event()
+        self.current_run = None  # the id of the run in progress
+        self.cancelled_run = None  # the id of the last run the driver cancelled (a cancel may come first)
         self.progress = None  # (bar, step, steps) of rank 0's sampling
         self.running = threading.Lock()  # one run at a time (the actor answers progress and interrupt meanwhile)
 
@@ -50,15 +51,20 @@ class Worker:
         with self.running:
             return self.run_one(job)
 
+    def cancel(self, run: str) -> None:
+        self.cancelled_run = run
+
     def run_one(self, job: dict) -> dict:
-        self.interrupt.clear()
-        self.progress = None
+        self.current_run, self.progress = job["run"], None
+        specs = [*job["specs"].values(), *([job["lead"]] if job.get("lead") is not None else [])]
+        for key in set(self.loaded) - {spec["key"] for spec in specs}:  # experts no run of this plan uses now
+            del self.loaded[key]
         models = {role: self.model(spec) for role, spec in job["specs"].items()}
         experts = job["experts"].replace(high=models.get("high"), low=models.get("low"))
         schedule = job["schedule"]
         if job.get("lead") is not None:
             schedule = schedule.with_lead(dataclasses.replace(schedule.lead, model=self.model(job["lead"])))
-        split = SequenceParallel(self.rank, self.world, self.interrupt)
+        split = SequenceParallel(self.rank, self.world, lambda: self.cancelled_run == job["run"])
         comfy.utils.set_progress_bar_global_hook(self.on_progress if self.rank == 0 else None)
         started = time.perf_counter()
         with torch.inference_mode():

@@ -10,8 +10,9 @@ time, and is removed when the call returns:
   every token for its share of the heads, ComfyUI's own attention runs on that, and the all-to-all back
   returns the rank's tokens with every head. Cross-attention (the text is never split) and the feed-forward
   run locally;
-- an interrupt is agreed by every rank before each call (an all-reduce), so all stop at the same call and
-  none waits in a collective for one that stopped.
+- before each call every rank agrees (one all-reduce) on a cancel, so all stop at the same call and none waits
+  in a collective for one that stopped, and on the call's batch: ComfyUI batches the prompts by each process's
+  free memory, and ranks that batched them differently would exchange shards of different sizes.
 
 cache-dit, when the stage is cached, sees only this rank's shard; it averages its residual statistic over the
 ranks itself (it does so whenever torch.distributed has more than one rank), and with equal shards the average
@@ -20,7 +21,6 @@ of each rank's mean is the whole sequence's mean, so every rank makes the decisi
 
 from __future__ import annotations
 
-import threading
 import time
 
 import comfy.model_management
@@ -47,9 +47,9 @@ class SequenceParallel:
     collectives, `contexts` the evaluations of each stage's cache-dit contexts as this rank read them from
     cache-dit while the stage ran."""
 
-    def __init__(self, rank: int, world: int, interrupt: threading.Event):
+    def __init__(self, rank: int, world: int, cancelled):
         self.rank, self.world = rank, world
-        self.interrupt = interrupt
+        self.cancelled = cancelled  # () -> bool: this run was cancelled
         self.comm_seconds = 0.0
         self.contexts: dict[str, list] = {}
         self.in_self_attention = False
@@ -62,18 +62,29 @@ class SequenceParallel:
     # --- the collectives, timed ---
 
     def timed(self, function, *args):
+        gpu = dist.get_backend() == "nccl"
         started = time.perf_counter()
         try:
-            return function(*args)
+            out = function(*args)
+            if gpu:  # NCCL returns once the collective is queued: count the time it takes
+                torch.cuda.synchronize()
+            return out
         finally:
             self.comm_seconds += time.perf_counter() - started
 
-    def agree_interrupt(self) -> None:
-        flag = torch.tensor([1 if self.interrupt.is_set() else 0], dtype=torch.int32)
-        self.timed(dist.all_reduce, flag, dist.ReduceOp.MAX)
-        if int(flag.item()):
-            self.interrupt.clear()
+    def agree(self, batch: int) -> None:
+        """One all-reduce before each call: a cancel on any rank stops all of them here, and a call whose batch
+        differs between the ranks is refused on all of them (nothing is exchanged)."""
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        flags = torch.tensor([1 if self.cancelled() else 0, batch, -batch], dtype=torch.int64, device=device)
+        self.timed(dist.all_reduce, flags, dist.ReduceOp.MAX)
+        cancel, most, least = (int(v) for v in flags.tolist())
+        if cancel:
             raise comfy.model_management.InterruptProcessingException()
+        if most != -least:
+            raise Wan22InputError("workers", f"the workers batched the prompts differently (calls of {-least} and "
+                                             f"{most}: ComfyUI batches them by each process's free memory): give "
+                                             "every worker a device with the same free memory, or run at CFG 1")
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         parts = [torch.empty_like(x) for _ in range(self.world)]
@@ -83,7 +94,7 @@ class SequenceParallel:
     # --- one transformer call ---
 
     def diffusion_model_call(self, stage, executor, *args, **kwargs):
-        self.agree_interrupt()
+        self.agree(int(call_argument(executor, args, kwargs, "x").shape[0]))
         options = call_argument(executor, args, kwargs, "transformer_options")
         options["optimized_attention_override"] = self.attention
         diffusion_model = executor.class_obj

@@ -61,7 +61,11 @@ def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int) -> tuple[
     if len({e.split(":")[0] for e in entries}) > 1:
         raise Wan22InputError("devices", f"{devices!r} mixes CPU and GPU workers: one run's workers share one "
                                          "communication backend (gloo on CPU, NCCL on GPUs); list one kind")
-    pinned = [e for e in entries if ":" in e]
+    entries = ["cpu" if e.startswith("cpu") else e for e in entries]
+    pinned = [e for e in entries if e.startswith("cuda:")]
+    if pinned and "cuda" in entries:
+        raise Wan22InputError("devices", f"{devices!r} mixes pinned GPUs (cuda:N) with GPUs the Ray cluster picks "
+                                         "(cuda), which could put two workers on one GPU: list one kind")
     if len(set(pinned)) != len(pinned):
         raise Wan22InputError("devices", f"{devices!r} names a GPU twice: each worker needs a GPU of its own")
     if workers > len(entries):

@@ -42,6 +42,8 @@ def test_devices_are_refused_by_name():
         "workers: more workers (3) than devices (2: cuda:0, cuda:1)")
     assert refusal(devices="cuda:0, cuda:0").startswith("devices: 'cuda:0, cuda:0' names a GPU twice")
     assert refusal(devices="cpu, cuda").startswith("devices: 'cpu, cuda' mixes CPU and GPU workers")
+    assert refusal(devices="cuda:0, cuda").startswith("devices: 'cuda:0, cuda' mixes pinned GPUs")
+    assert plan(devices="cpu:0, cpu:1").devices == ("cpu", "cpu")
     assert refusal(devices="gpu0, gpu1").startswith("devices: 'gpu0, gpu1' is not a device list")
     assert refusal(workers=1).startswith("workers: 1 workers")
     assert plan(devices="CUDA, cuda").devices == ("cuda", "cuda")  # GPUs the Ray cluster picks

@@ -168,8 +168,11 @@ def test_a_worker_killed_mid_run_is_a_clear_error_then_the_prompt_runs_clean(com
     assert torch.equal(after, P.latent_of(comfyui, "5"))
 
 
+@pytest.mark.parametrize("server_hook", [False, True], ids=["flag", "server-hook"])
 def test_an_interrupt_stops_every_worker_then_the_prompt_runs_clean(comfyui, tiny_models, parallel_experts,
-                                                                   progress_hook):
+                                                                   progress_hook, server_hook):
+    """A cancel as POST /interrupt sets it (the flag the run polls), and as ComfyUI's server progress hook then
+    raises it inside the progress update."""
     import comfy.model_management
 
     prompt = with_plan(two_heads(parallel_experts, tiny_models, **LONG))
@@ -180,6 +183,8 @@ def test_an_interrupt_stops_every_worker_then_the_prompt_runs_clean(comfyui, tin
     def interrupt(value, total, node):
         if node == "5" and value >= 2:
             comfy.model_management.interrupt_current_processing(True)
+            if server_hook:
+                comfy.model_management.throw_exception_if_processing_interrupted()
     progress_hook.append(interrupt)
     result = comfyui.run(prompt, executor=comfyui.new_executor())
     assert result.valid and not result.success
