@@ -247,3 +247,20 @@ def test_a_model_patch_the_workers_cannot_rebuild_is_refused_by_name(comfyui, ti
            in message, message
     assert not probe_nodes["attention"], "nothing may run before the refusal"
 
+
+
+@pytest.mark.parametrize("key", ["control", "hooks", "gligen"])
+def test_conditioning_that_carries_models_of_its_own_is_refused_by_name(comfyui, key):
+    """ControlNet, hooks and GLIGEN put objects of their own into a prompt's conditioning: no worker could
+    rebuild them, so the run is refused before any worker starts."""
+    from types import SimpleNamespace
+
+    parallel = parallel_module(comfyui)
+    errors = comfyui.pack("nodes.core.errors")
+    plan = comfyui.pack("nodes.core.parallel").make_plan(workers=2, devices="cpu, cpu", ulysses_degree=2, heads=2,
+                                                         cpu_threads=1, gpus=0, cpus=2)
+    text = torch.zeros(1, 512, 4096)
+    with pytest.raises(errors.Wan22InputError) as refused:
+        parallel.sample(SimpleNamespace(parallel_plan=plan), None, [[text, {}]], [[text, {key: object()}]],
+                        {"samples": torch.zeros(1, 16, 2, 4, 4)}, 0, {"high": 1.0, "low": 1.0})
+    assert str(refused.value).startswith(f"negative: carries {key} (a ControlNet, hooks or GLIGEN node)")
