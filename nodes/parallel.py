@@ -167,20 +167,23 @@ class Pool:
         ray = ray_module()
         self.plan, self.ray = plan, ray
         self.started_cluster = False
+        self.connected = False
         self.actors, self.pids = [], []
         self.released = False
         self.in_comfy = False  # whether the stand-in is loaded in ComfyUI for this pool
         cpu = plan.backend == "gloo"
         needs = {"num_cpus": plan.cpu_threads if cpu else 1,
                  "num_gpus": 0 if cpu else sum(d == "cuda" for d in plan.devices)}
+        self.connected = False  # whether this pool connected this process to Ray (it disconnects it again)
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
-            if address:
+            if address:  # join that cluster: releasing the workers disconnects and leaves it up
                 ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-            else:  # a local cluster with only what the plan needs
+            else:  # a local cluster with only what the plan needs, stopped with the workers
                 ray.init(num_cpus=needs["num_cpus"] * plan.workers + 1, num_gpus=needs["num_gpus"],
                          include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
                 self.started_cluster = True
+            self.connected = True
         try:
             ray.cloudpickle.register_pickle_by_value(sys.modules[parallel_actor.__name__])
             actor = ray.remote(parallel_actor.ParallelActor)
@@ -312,8 +315,8 @@ class Pool:
                     self.ray.kill(a, no_restart=True)
                 except Exception:
                     pass
-            if self.started_cluster:
-                self.ray.shutdown()
+            if self.connected:
+                self.ray.shutdown()  # stops the local cluster this pool started; only disconnects from a joined one
             if self.in_comfy:
                 self.in_comfy = False
                 stand_in().remove()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 
@@ -113,32 +115,37 @@ def test_seeds_a_b_a_on_warm_workers(comfyui, tiny_models, parallel_experts):
 
 def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_experts):
     """euler/simple, 40 steps, flow shift 5 then 12 on the same warm workers: every rank's contexts, read
-    from cache-dit inside the worker while its stage ran, are sized with that stage's evaluations, and the
-    cached steps are one process's."""
+    from cache-dit inside the worker while its stage ran, are sized with that stage's evaluations, every rank
+    has the whole sequence's residual statistic, and the cached steps are one process's."""
+    prompts, alone, alone_latent = {}, {}, {}
+    for shift in (5.0, 12.0):  # one process first: a run without the plan releases the workers
+        prompts[shift] = two_heads(parallel_experts, tiny_models, sampler="euler", steps=40, flow_shift=shift,
+                                   cfg=(1.0, 1.0), cache=P.CACHING)
+        alone[shift] = P.report_of(P.run_ok(comfyui, prompts[shift]))
+        alone_latent[shift] = P.latent_of(comfyui, "5")
+    assert alone[5.0]["split"] != alone[12.0]["split"]
+    pids = None
     for shift in (5.0, 12.0):
-        prompt = two_heads(parallel_experts, tiny_models, sampler="euler", steps=40, flow_shift=shift, cfg=(1.0, 1.0),
-                           cache=P.CACHING)
-        alone = P.report_of(P.run_ok(comfyui, prompt))
-        alone_latent = P.latent_of(comfyui, "5")
-        report = P.report_of(P.run_ok(comfyui, with_plan(prompt)))
+        report = P.report_of(P.run_ok(comfyui, with_plan(prompts[shift])))
+        pids = pids or parallel_module(comfyui).worker_pids()
+        assert parallel_module(comfyui).worker_pids() == pids  # the same warm workers
         parallel = report["parallel"]
         for stage in ("high", "low"):
-            evaluations = alone["cache"][stage]["evaluations"]
-            assert report["cache"][stage]["evaluations"] == evaluations
-            assert report["cache"][stage]["cached_steps"] == alone["cache"][stage]["cached_steps"]
-            assert alone["cache"][stage]["cached_steps"], "the test's threshold should cache some steps"
-            diffs = alone["cache"][stage]["residual_diffs"]
-            assert diffs, "cache-dit should have measured the residual difference"
+            one = alone[shift]["cache"][stage]
+            assert report["cache"][stage]["evaluations"] == one["evaluations"]
+            assert report["cache"][stage]["cached_steps"] == one["cached_steps"]
+            assert one["cached_steps"], "the test's threshold should cache some steps"
+            assert one["residual_diffs"], "cache-dit should have measured the residual difference"
             for rank in range(2):
                 assert parallel["context_evaluations"][rank][stage], (rank, stage)
-                assert set(parallel["context_evaluations"][rank][stage]) == {evaluations}, (rank, stage)
-                assert parallel["cached_steps"][rank][stage] == alone["cache"][stage]["cached_steps"]
+                assert set(parallel["context_evaluations"][rank][stage]) == {one["evaluations"]}, (rank, stage)
+                assert parallel["cached_steps"][rank][stage] == one["cached_steps"]
                 # the whole sequence's statistic on every rank (a shard's own would differ from it)
                 ranked = parallel["residual_diffs"][rank][stage]
-                assert ranked.keys() == diffs.keys(), (rank, stage)
-                assert all(abs(ranked[k] - diffs[k]) <= 1e-4 for k in diffs), (rank, stage, ranked, diffs)
+                assert ranked.keys() == one["residual_diffs"].keys(), (rank, stage)
+                assert all(abs(ranked[k] - v) <= 1e-4 for k, v in one["residual_diffs"].items()), (rank, stage)
         assert parallel["ranks_agree"]
-        assert (P.latent_of(comfyui, "5") - alone_latent).abs().max().item() <= ONE_PROCESS
+        assert (P.latent_of(comfyui, "5") - alone_latent[shift]).abs().max().item() <= ONE_PROCESS
 
 
 LONG = dict(sampler="euler", steps=60, cfg=(1.0, 1.0), width=64, height=64, length=9)
@@ -209,6 +216,43 @@ def test_no_worker_is_left_after_the_plan_is_removed_or_comfyui_unloads_models(c
     pids = parallel_module(comfyui).worker_pids()
     comfy.model_management.unload_all_models()  # what Unload Models and /free do
     assert parallel_module(comfyui).worker_pids() == [] and no_process_left(pids) == []
+
+
+def test_with_ray_address_the_workers_join_that_cluster_and_leave_it_up(comfyui, tiny_models, parallel_experts,
+                                                                      monkeypatch):
+    """A Ray cluster started apart (`ray start --head`, as on the head machine of several): with RAY_ADDRESS the
+    workers join it, the run equals one process, and releasing them leaves the cluster up."""
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prompt = two_heads(parallel_experts, tiny_models, cfg=(1.0, 1.0))
+    P.run_ok(comfyui, prompt)  # one process (and no warm workers of another test's local cluster)
+    alone = P.latent_of(comfyui, "5")
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+                             "--num-cpus=3", "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+
+    def up() -> bool:
+        return subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True,
+                              timeout=300).returncode == 0
+    try:
+        deadline = time.monotonic() + 300  # a hang guard only: the head starts in seconds
+        while not up():
+            assert head.poll() is None and time.monotonic() < deadline, "ray start --head did not come up"
+            time.sleep(1)
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        P.run_ok(comfyui, with_plan(prompt))
+        assert (P.latent_of(comfyui, "5") - alone).abs().max().item() <= ONE_PROCESS
+        pool = parallel_module(comfyui)._POOL
+        assert pool is not None and not pool.started_cluster
+        pids = parallel_module(comfyui).worker_pids()
+        P.run_ok(comfyui, prompt)  # no plan: the workers go, the cluster stays
+        assert no_process_left(pids) == [] and up()
+    finally:
+        head.terminate()  # --block: stopping `ray start` stops the processes it started, and only those
+        head.wait(timeout=300)
 
 
 @pytest.mark.parametrize("plan, words", [
