@@ -179,8 +179,8 @@ class Pool:
             address = os.environ.get("RAY_ADDRESS")
             if address:  # join that cluster: releasing the workers disconnects and leaves it up
                 ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-            else:  # a local cluster with only what the plan needs, stopped with the workers
-                ray.init(num_cpus=needs["num_cpus"] * plan.workers + 1, num_gpus=needs["num_gpus"],
+            else:  # a new local cluster with only what the plan needs (never the last one `ray start` began)
+                ray.init(address="local", num_cpus=needs["num_cpus"] * plan.workers + 1, num_gpus=needs["num_gpus"],
                          include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
                 self.started_cluster = True
             self.connected = True

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -253,6 +254,9 @@ def test_with_ray_address_the_workers_join_that_cluster_and_leave_it_up(comfyui,
     finally:
         head.terminate()  # --block: stopping `ray start` stops the processes it started, and only those
         head.wait(timeout=300)
+        pointer = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")  # what `ray stop` would remove
+        if os.path.isfile(pointer) and open(pointer).read().strip() == address:
+            os.remove(pointer)
 
 
 @pytest.mark.parametrize("plan, words", [
