@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
 import psutil
@@ -217,46 +214,6 @@ def test_no_worker_is_left_after_the_plan_is_removed_or_comfyui_unloads_models(c
     pids = parallel_module(comfyui).worker_pids()
     comfy.model_management.unload_all_models()  # what Unload Models and /free do
     assert parallel_module(comfyui).worker_pids() == [] and no_process_left(pids) == []
-
-
-def test_with_ray_address_the_workers_join_that_cluster_and_leave_it_up(comfyui, tiny_models, parallel_experts,
-                                                                      monkeypatch):
-    """A Ray cluster started apart (`ray start --head`, as on the head machine of several): with RAY_ADDRESS the
-    workers join it, the run equals one process, and releasing them leaves the cluster up."""
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    prompt = two_heads(parallel_experts, tiny_models, cfg=(1.0, 1.0))
-    P.run_ok(comfyui, prompt)  # one process (and no warm workers of another test's local cluster)
-    alone = P.latent_of(comfyui, "5")
-    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-                             "--num-cpus=3", "--include-dashboard=false", "--disable-usage-stats"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    address = f"127.0.0.1:{port}"
-
-    def up() -> bool:
-        return subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True,
-                              timeout=300).returncode == 0
-    try:
-        deadline = time.monotonic() + 300  # a hang guard only: the head starts in seconds
-        while not up():
-            assert head.poll() is None and time.monotonic() < deadline, "ray start --head did not come up"
-            time.sleep(1)
-        monkeypatch.setenv("RAY_ADDRESS", address)
-        P.run_ok(comfyui, with_plan(prompt))
-        assert (P.latent_of(comfyui, "5") - alone).abs().max().item() <= ONE_PROCESS
-        pool = parallel_module(comfyui)._POOL
-        assert pool is not None and not pool.started_cluster
-        pids = parallel_module(comfyui).worker_pids()
-        P.run_ok(comfyui, prompt)  # no plan: the workers go, the cluster stays
-        assert no_process_left(pids) == [] and up()
-    finally:
-        head.terminate()  # --block: stopping `ray start` stops the processes it started, and only those
-        head.wait(timeout=300)
-        pointer = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")  # what `ray stop` would remove
-        if os.path.isfile(pointer) and open(pointer).read().strip() == address:
-            os.remove(pointer)
 
 
 @pytest.mark.parametrize("plan, words", [
