@@ -167,14 +167,13 @@ class Pool:
         ray = ray_module()
         self.plan, self.ray = plan, ray
         self.started_cluster = False
-        self.connected = False
+        self.connected = False  # whether this pool connected this process to Ray (it disconnects it again)
         self.actors, self.pids = [], []
         self.released = False
         self.in_comfy = False  # whether the stand-in is loaded in ComfyUI for this pool
         cpu = plan.backend == "gloo"
         needs = {"num_cpus": plan.cpu_threads if cpu else 1,
                  "num_gpus": 0 if cpu else sum(d == "cuda" for d in plan.devices)}
-        self.connected = False  # whether this pool connected this process to Ray (it disconnects it again)
         if not ray.is_initialized():
             address = os.environ.get("RAY_ADDRESS")
             if address:  # join that cluster: releasing the workers disconnects and leaves it up
@@ -320,16 +319,6 @@ class Pool:
             if self.in_comfy:
                 self.in_comfy = False
                 stand_in().remove()
-
-
-def errors_of(ray, refs) -> list[BaseException]:
-    found = []
-    for ref in refs:
-        try:
-            ray.get(ref, timeout=0)
-        except BaseException as e:
-            found.append(e)
-    return found
 
 
 def pool_for(plan: core.ParallelPlan) -> Pool:

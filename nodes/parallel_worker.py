@@ -21,7 +21,6 @@ class Worker:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
         self.loaded: dict[str, object] = {}  # loader factory -> the model it made, kept warm between runs
-        self.current_run = None  # the id of the run in progress
         self.cancelled_run = None  # the id of the last run the driver cancelled (a cancel may come first)
         self.progress = None  # (bar, step, steps) of rank 0's sampling
         self.running = threading.Lock()  # one run at a time (the actor answers progress and interrupt meanwhile)
@@ -55,7 +54,7 @@ class Worker:
         self.cancelled_run = run
 
     def run_one(self, job: dict) -> dict:
-        self.current_run, self.progress = job["run"], None
+        self.progress = None
         specs = [*job["specs"].values(), *([job["lead"]] if job.get("lead") is not None else [])]
         for key in set(self.loaded) - {spec["key"] for spec in specs}:  # experts no run of this plan uses now
             del self.loaded[key]

@@ -95,9 +95,9 @@ def make_plan(*, workers: int, devices: str, ulysses_degree: int, heads: int, cp
         raise Wan22InputError("ulysses_degree", f"{degree} with {workers} workers: every worker takes part in "
                                                 "each sequence's split, so the degree must equal the number of "
                                                 f"workers; set both to {degree} or both to {workers}")
-    threads = int(cpu_threads) if int(cpu_threads) > 0 else max(1, cpus // workers)
-    if threads < 1:
+    if int(cpu_threads) < 0:
         raise Wan22InputError("cpu_threads", f"{cpu_threads} threads: use 0 (share the cores) or more")
+    threads = int(cpu_threads) or max(1, cpus // workers)
     return ParallelPlan(workers=workers, devices=devices, ulysses_degree=degree, cpu_threads=threads)
 
 

@@ -24,6 +24,7 @@ def test_auto_takes_this_machines_gpus_else_its_cpu():
     cpu = plan()
     assert cpu.devices == ("cpu", "cpu") and cpu.backend == "gloo" and cpu.cpu_threads == 4
     assert plan(cpu_threads=1).cpu_threads == 1
+    assert refusal(cpu_threads=-1).startswith("cpu_threads: -1 threads: use 0 (share the cores) or more")
 
 
 def test_the_a14b_degrees_are_those_that_divide_its_40_heads():
