@@ -1,9 +1,9 @@
 # wan22-cachedit: `make test` sets itself up on a fresh clone, then runs the suite (`make test-slow`: the long
-# as-shipped runs).
+# as-shipped runs; `make test-fuzz`: the fuzz suites' long runs).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow demo bench clean distclean
+.PHONY: setup test test-slow test-fuzz demo bench clean distclean
 
 setup:
 	@bash devtools/setup.sh
@@ -15,6 +15,10 @@ test: setup
 # The long as-shipped runs (marker `slow`), left out of `make test`; CI runs both.
 test-slow: setup
 	devtools/offline.sh $(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# The fuzz suites with their long example counts (marker `fuzz`; `make test` runs them bounded); CI runs it.
+test-fuzz: setup
+	devtools/offline.sh $(PY) -m pytest -m fuzz $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) -m devtools.demo

@@ -67,7 +67,7 @@ class Wan22ExpertLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, high_noise_model, low_noise_model):
+    def validate_inputs(cls, high_noise_model=None, low_noise_model=None):
         # Header-only checks, so a wrong file is refused at queue time, before anything runs. A linked input
         # is None here: its value is known only when the prompt runs, and execute checks it then.
         names = {"high": high_noise_model, "low": low_noise_model}
@@ -133,7 +133,7 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, model_folder, experts):
+    def validate_inputs(cls, model_folder=None, experts=None):
         if model_folder is None or experts is None:
             return True
         try:

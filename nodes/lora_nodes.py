@@ -106,7 +106,7 @@ class Wan22LoraLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, high_noise_lora, low_noise_lora):
+    def validate_inputs(cls, high_noise_lora=None, low_noise_lora=None):
         # Header-only checks: a missing or damaged file is refused at queue time.
         for role, name in (("high", high_noise_lora), ("low", low_noise_lora)):
             try:

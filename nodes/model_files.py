@@ -17,6 +17,8 @@ def model_file_path(folder: str, input_name: str, name: str) -> str | None:
     """A file chosen from one of ComfyUI's model folders (`none`: no file), resolved inside that folder."""
     if name == NONE:
         return None
+    if not isinstance(name, str):
+        raise Wan22InputError(input_name, f"{name!r} is not a file name: pick a file of models/{folder}")
     path = folder_paths.get_full_path(folder, name)
     if path is None:
         raise Wan22InputError(input_name, f"{name!r} is not in models/{folder}: put the file there "
@@ -53,6 +55,8 @@ def diffusers_folder_list() -> list[str]:
 def diffusers_folder_path(name: str) -> str:
     """A listed folder, resolved as ComfyUI's folder_paths resolves files: the name cannot climb out of the
     models folder, and a folder linked in from elsewhere (another drive) loads."""
+    if name is not None and not isinstance(name, str):
+        raise Wan22InputError("model_folder", f"{name!r} is not a folder name: pick a folder of models/diffusers")
     relative = os.path.relpath(os.path.join("/", name or ""), "/")
     for base in folder_paths.get_folder_paths("diffusers"):
         path = os.path.join(base, relative)

@@ -11,17 +11,21 @@
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 from server import PromptServer
 
+import execution
 import nodes as comfyui_nodes
 
 from . import schedule_nodes, sigmas
 from .core import diffusers_folder as folders
 from .core import experts as core_experts
 from .core import schedule as core_schedule
-from .core.errors import Wan22InputError
-from .core.prompt_graph import EXPERTS_INPUT, class_type, experts_source, is_link, node_inputs, upstream_file
+from .core.errors import Wan22InputError, cut
+from .core.prompt_graph import (EXPERTS_INPUT, check_request, class_type, experts_source, is_link, node_inputs,
+                                upstream_file)
 from .model_files import diffusers_folder_path, inspect_files
 from .types import ExpertsType
 
@@ -123,7 +127,7 @@ def schedule_of(prompt: dict, node_id: str):
             raise Wan22InputError("lead_steps", "lead_steps, start_step and cfg must be numbers") from None
         return schedule_nodes.lead_schedule(schedule, None, steps, start, cfg), known
     if kind != "Wan22Schedule":
-        raise Wan22InputError("nodes", f"{str(node_id)[:40]!r} is not a Wan2.2 Boundary & Flow Shift or Lead Stage "
+        raise Wan22InputError("nodes", f"{cut(repr(node_id))} is not a Wan2.2 Boundary & Flow Shift or Lead Stage "
                                        "node of the prompt")
     return main_schedule_of(prompt, node_id)
 
@@ -149,24 +153,96 @@ def main_schedule_of(prompt: dict, node_id: str):
     return schedule, known
 
 
+def outputs_of(kind: str) -> int | None:
+    """How many outputs a node type of this server has, None for a type it does not have."""
+    node_class = comfyui_nodes.NODE_CLASS_MAPPINGS.get(kind)
+    return None if node_class is None else len(node_class.RETURN_TYPES)
+
+
+VALIDATION_ID = "wan22-split"  # the prompt id ComfyUI's validation is given for the canvas's question
+
+
+def refusal(prompt: dict, node_id: str, reason: dict, asked: str) -> dict:
+    """One of ComfyUI's validation errors as the route answers it: the input (and the node, when it is one
+    upstream of the asked node) named first, as the node's own refusal reads at queue time."""
+    info = reason.get("extra_info") or {}
+    name, message, details = str(info.get("input_name") or "prompt"), reason.get("message", ""), reason.get("details")
+    if reason.get("type") == "custom_validation_failed" and " - " in str(details):
+        # The node's own validator: its text names the input it refuses.
+        text = str(details).split(" - ", 1)[1]
+        name = text.split(":", 1)[0] if ":" in text else name
+    else:
+        text = f"{name}: {message}" + (f" ({details})" if details and details != name else "")
+    if node_id != asked:
+        text = f"{text} [on node {node_id}, {class_type(prompt, node_id)}]"
+    return {"error": cut(text), "input": cut(name), "node": node_id}
+
+
+async def validated(prompt: dict, node_id: str) -> dict | None:
+    """ComfyUI's own validation of node `node_id` and everything it is linked to, as the prompt queue runs
+    it (the nodes' schemas: types, ranges, choices, required inputs; their own validators): None when it
+    passes, else the first refusal. The prompt's inputs get the values validation converts them to."""
+    results = {}
+    try:
+        passed, reasons, _ = await execution.validate_inputs(VALIDATION_ID, prompt, node_id, results)
+    except RecursionError:
+        return {"error": "prompt: the graph upstream of this node is too deep to validate", "input": "prompt",
+                "node": node_id}
+    except Exception as e:  # a node's validator that fails (the prompt queue reports it the same way)
+        return unexpected(e, node_id, "validating")
+    if passed:
+        return None
+    for checked, (_, its_reasons, _) in [(node_id, (passed, reasons, node_id)), *results.items()]:
+        if its_reasons:
+            return refusal(prompt, checked, its_reasons[0], node_id)
+    return {"error": "prompt: ComfyUI's validation refused this node", "input": "prompt", "node": node_id}
+
+
+def unexpected(error: Exception, node_id: str, doing: str) -> dict:
+    """An answer for an error nothing foresaw: logged with its traceback, answered by name, never a 500."""
+    logging.exception("[wan22] the live split failed while %s node %r", doing, node_id)
+    text = f"prompt: {doing} node {cut(repr(node_id))} raised {type(error).__name__}: {cut(error)} (see the server log)"
+    return {"error": cut(text), "input": "prompt", "node": node_id}
+
+
+def to_validate(prompt: dict) -> dict:
+    """A copy of the prompt whose inputs ComfyUI's validation may convert (it writes them back)."""
+    return {node_id: ({**node, "inputs": dict(node["inputs"])} if isinstance(node, dict)
+                      and isinstance(node.get("inputs"), dict) else node) for node_id, node in prompt.items()}
+
+
+def refused(error: Wan22InputError, **extra) -> web.Response:
+    return web.json_response({"error": str(error), "input": error.input_name, **extra}, status=400)
+
+
 @PromptServer.instance.routes.post(ROUTE)
 async def split(request: web.Request) -> web.Response:
+    """200 {"splits": {id: split}} when every asked node has its split; otherwise 400 with the first refusal
+    ({"error", "input"}), and, once the body is a well-formed request, each asked node's split or refusal."""
     try:
         body = await request.json()
-    except ValueError:
-        return web.json_response({"error": "the body is not JSON"}, status=400)
-    prompt, ids = (body.get("prompt"), body.get("nodes")) if isinstance(body, dict) else (None, None)
-    if not isinstance(prompt, dict):
-        return web.json_response({"error": "prompt: give the API prompt of the graph (app.graphToPrompt)"}, status=400)
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        return web.json_response({"error": "nodes: give the ids of the schedule nodes as strings"}, status=400)
-    splits = {}
+    except (ValueError, RecursionError):
+        return refused(Wan22InputError("body", 'is not JSON: send {"prompt": <the API prompt>, "nodes": [ids]}'))
+    try:
+        prompt, ids = check_request(body, outputs_of)
+    except Wan22InputError as e:
+        return refused(e)
+    prompt = to_validate(prompt)
+    splits, first = {}, None
     for node_id in ids:
-        try:
-            splits[node_id] = split_of(prompt, node_id)
-        except (Wan22InputError, KeyError, TypeError, ValueError) as e:
-            splits[node_id] = {"error": str(e), "input": getattr(e, "input_name", None)}
-    return web.json_response({"splits": splits})
+        answer = await validated(prompt, node_id)
+        if answer is None:
+            try:
+                answer = split_of(prompt, node_id)
+            except Wan22InputError as e:
+                answer = {"error": str(e), "input": e.input_name, "node": node_id}
+            except Exception as e:
+                answer = unexpected(e, node_id, "counting the split of")
+        splits[node_id] = answer
+        first = first or ("error" in answer and answer)
+    if not first:
+        return web.json_response({"splits": splits})
+    return web.json_response({**first, "splits": splits}, status=400)
 
 
 @PromptServer.instance.routes.get(CANVAS_ROUTE)

@@ -72,7 +72,7 @@ class Wan22Schedule(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, sampler, scheduler=None, boundary=None, boundary_ratio=None):
+    def validate_inputs(cls, sampler=None, scheduler=None, boundary=None, boundary_ratio=None):
         # Named here, so ComfyUI's own list check steps aside: old sampler names still load and run. ComfyUI
         # hands a dynamic input's value over to this function whole, so `boundary` must be named too (its
         # boundary_ratio keeps ComfyUI's own range check).

@@ -242,3 +242,44 @@ def parallel_experts(tiny_models):
                                  os.path.join(tiny_models["dir"], "loras", name), seed=seed)
         names[("lora", role)] = name
     return names
+
+
+# --- the fuzz suites (hypothesis) ---
+# A test marked `fuzz_examples(bounded, long)` runs twice: with `bounded` generated examples in `make test`,
+# and with `long` under the marker `fuzz` (`make test-fuzz`, which CI also runs). Both draw their examples
+# from a seed fixed per test (derandomize): a run finds the same cases on every machine, so CI never fails
+# on a case an earlier run did not try.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("wan22", deadline=None, derandomize=True, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                 HealthCheck.filter_too_much])
+settings.load_profile("wan22")
+
+FUZZ_TALLY: dict[str, dict[str, int]] = {}  # suite -> outcome -> cases, for the summary below
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("fuzz_examples")
+    if marker is not None:
+        bounded, long = marker.args
+        metafunc.parametrize("examples", [pytest.param(bounded, id=f"{bounded}-examples"),
+                                          pytest.param(long, id=f"{long}-examples", marks=pytest.mark.fuzz)])
+
+
+@pytest.fixture
+def fuzz_tally(request):
+    """Counts a fuzz test's cases by outcome (`tally("400")`), printed at the end of the session."""
+    counts = FUZZ_TALLY.setdefault(request.node.name, {})
+
+    def tally(outcome: str):
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return tally
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FUZZ_TALLY:
+        terminalreporter.section("fuzz cases")
+        for name, counts in FUZZ_TALLY.items():
+            outcomes = ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items()))
+            terminalreporter.write_line(f"{name}: {sum(counts.values())} cases ({outcomes})")

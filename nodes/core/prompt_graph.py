@@ -5,6 +5,8 @@ the same way: the two never disagree, and the frontend restates none of it."""
 
 from __future__ import annotations
 
+from .errors import Wan22InputError, cut
+
 # Inputs that name a model file on ComfyUI's loaders (Load Diffusion Model and GGUF loaders: unet_name;
 # checkpoint loaders: ckpt_name), and the input through which a node passes a MODEL along.
 FILE_INPUTS = ("unet_name", "ckpt_name")
@@ -58,3 +60,77 @@ def experts_source(prompt: dict, node_id: str, passes_experts) -> str | None:
             return value[0]
         value = node_inputs(prompt, value[0]).get(EXPERTS_INPUT)
     return None
+
+
+# --- requests from outside: the canvas's live split, or any client ---
+
+MAX_NODES = 2000  # nodes a request may reach from the ones it asks about (a real graph has a few dozen)
+
+
+def field(node_id: str, *path: str) -> str:
+    """How an error names a place in the request's prompt: prompt["2"].inputs.steps."""
+    return "".join([f"prompt[{cut(repr(node_id))}]", *(f".{cut(name)}" for name in path)])
+
+
+def link_problem(value: list, prompt: dict, outputs_of) -> str | None:
+    """Why a list input of the prompt is not a link ComfyUI can follow ([node id, output index] to a node
+    the prompt has, of a known type, with that output), or None."""
+    if len(value) != 2 or not isinstance(value[0], str) or not isinstance(value[1], int) or isinstance(value[1],
+                                                                                                      bool):
+        return "a list is a link: give [node id (a string), output index (a whole number)]"
+    if value[0] not in prompt:
+        return f"links to node {cut(repr(value[0]))}, which the prompt does not have"
+    node = prompt[value[0]]  # itself checked when the walk reaches it
+    kind = node.get("class_type") if isinstance(node, dict) else None
+    outputs = outputs_of(kind) if isinstance(kind, str) else None
+    if outputs is not None and not 0 <= value[1] < outputs:
+        return f"links to output {value[1]} of node {cut(repr(value[0]))}, which has {outputs} outputs"
+    return None
+
+
+def check_request(body, outputs_of, max_nodes: int = MAX_NODES) -> tuple[dict, list[str]]:
+    """The prompt and the asked node ids of a request {"prompt": API prompt, "nodes": [ids]}, once the
+    request is one ComfyUI's validation can read: every node the asked ones reach through links is an object
+    of a node type this server has (`outputs_of(class_type)`: its output count, or None for an unknown
+    type) with an inputs object, and every link points at an output that exists. Anything else is refused
+    with a Wan22InputError naming the field (prompt["2"].inputs.experts); values themselves are left to the
+    nodes' own validation."""
+    if not isinstance(body, dict):
+        raise Wan22InputError("body", 'send a JSON object: {"prompt": <the API prompt>, "nodes": [node ids]}')
+    prompt, ids = body.get("prompt"), body.get("nodes")
+    if not isinstance(prompt, dict):
+        raise Wan22InputError("prompt", "give the API prompt of the graph (app.graphToPrompt), an object of nodes")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        raise Wan22InputError("nodes", "give the ids of the schedule nodes, a list of strings")
+    if len(ids) > max_nodes:
+        raise Wan22InputError("nodes", f"{len(ids)} ids: ask for at most {max_nodes}")
+    for node_id in ids:
+        if node_id not in prompt:
+            raise Wan22InputError("nodes", f"{cut(repr(node_id))} is not a node of the prompt")
+    seen, todo = set(), list(ids)
+    while todo:
+        node_id = todo.pop()
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        if len(seen) > max_nodes:
+            raise Wan22InputError("prompt", f"the asked nodes reach more than {max_nodes} nodes")
+        node = prompt[node_id]
+        if not isinstance(node, dict):
+            raise Wan22InputError(field(node_id), "a node is an object with class_type and inputs")
+        kind = node.get("class_type")
+        if not isinstance(kind, str):
+            raise Wan22InputError(field(node_id, "class_type"), "give the node type, a string")
+        if outputs_of(kind) is None:
+            raise Wan22InputError(field(node_id, "class_type"), f"{cut(repr(kind))} is not a node type of this "
+                                                                "server: install the custom node that has it")
+        inputs = node.get("inputs")
+        if not isinstance(inputs, dict):
+            raise Wan22InputError(field(node_id, "inputs"), "give the node's inputs, an object of input names")
+        for name, value in inputs.items():
+            if isinstance(value, list):
+                problem = link_problem(value, prompt, outputs_of)
+                if problem:
+                    raise Wan22InputError(field(node_id, "inputs", name), problem)
+                todo.append(value[0])
+    return prompt, ids

@@ -59,6 +59,9 @@ def resolve_boundary(*, has_high: bool, has_low: bool, model_default: float,
 
 def sampler_name(name, samplers) -> str:
     """The ComfyUI sampler a `sampler` value means: one of `samplers`, or an old value mapped onto one."""
+    if not isinstance(name, str):
+        raise Wan22InputError("sampler", f"{name!r} is not a sampler name: use one of ComfyUI's KSampler samplers "
+                                         "(uni_pc, euler, dpmpp_2m, ...)")
     if name not in samplers:
         name = OLD_SAMPLERS.get(name, name)
     if name not in samplers:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from .prompts import (bridged, cache_node, diffusers_loader, expert_files, loader, lora_node, schedule, schedule_prompt)
+from .prompts import (bridged, cache_node, diffusers_loader, expert_files, loader, lora_node, schedule, schedule_prompt,
+                      unet)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,11 @@ def split_request(server, experts, **schedule_inputs):
     nodes = experts if "1" in experts else {"1": experts}
     prompt = {**nodes, "2": schedule("1", **{"sampler": "euler", "flow_shift": 12.0, **schedule_inputs})}
     status, body = server.post("/wan22/split", {"prompt": prompt, "nodes": ["2"]})
-    assert status == 200, body
-    return body["splits"]["2"]
+    answer = body["splits"]["2"]
+    # 200 only with the split; a refusal is a 400 naming the input, first in its text.
+    assert status == (400 if "error" in answer else 200), body
+    assert "error" not in answer or (body["error"] == answer["error"] and answer["error"].startswith(answer["input"]))
+    return answer
 
 
 def test_the_live_split_route_answers_with_the_nodes_own_split(server, tiny_models):
@@ -97,8 +101,10 @@ def test_the_live_split_route_reads_the_bridges_files_and_passes_through_the_pac
     answer = split_request(server, experts, flow_shift=5.0)
     assert (answer["boundary_ratio"], answer["boundary_known"]) == (0.9, True)
     # A MODEL whose file the prompt does not show: the text-to-video boundary, said to be assumed.
-    unknown = {"1": {"class_type": "Wan22ExpertsFromModel",
-                     "inputs": {"high_noise_model": ["99", 0], "low_noise_model": ["98", 0]}}}
+    merged = {"class_type": "ModelMergeSimple", "inputs": {"model1": ["10", 0], "model2": ["11", 0], "ratio": 0.5}}
+    unknown = {"10": unet(i2v_high), "11": unet(names[("i2v", "low", "fp16")]), "20": merged,
+               "1": {"class_type": "Wan22ExpertsFromModel",
+                     "inputs": {"high_noise_model": ["20", 0], "low_noise_model": ["20", 0]}}}
     answer = split_request(server, unknown)
     assert (answer["high"], answer["boundary_ratio"], answer["boundary_known"]) == (26, 0.875, False)
     # Cache-DiT and LoRA nodes between the loader and the schedule give the experts through.
@@ -109,24 +115,83 @@ def test_the_live_split_route_reads_the_bridges_files_and_passes_through_the_pac
 def test_the_live_split_route_explains_what_is_wrong(server, tiny_models):
     low = expert_files(tiny_models)[1]
     assert "load at least one expert" in split_request(server, loader())["error"]
-    assert split_request(server, loader(low=low), flow_shift=-1.0)["error"].startswith("flow_shift:")
+    # ComfyUI's own validation, with the schedule node's ranges: what queueing the prompt would say.
+    assert split_request(server, loader(low=low), flow_shift=-1.0)["error"] == ("flow_shift: Value -1.0 smaller than "
+                                                                               "min of 0.01")
     ksampler = {"class_type": "KSampler", "inputs": {}}
-    assert "connect the experts input to a Wan2.2 expert loader" in split_request(server, ksampler)["error"]
+    answer = split_request(server, ksampler)
+    assert answer["error"].startswith("experts: Return type mismatch between linked nodes")
     bridge = {"class_type": "Wan22ExpertsFromModel", "inputs": {}}
     assert "connect the MODEL of at least one expert" in split_request(server, bridge)["error"]
     answer = split_request(server, loader(low=low), scheduler="cosine")
     assert answer["error"].startswith("scheduler: unknown scheduler 'cosine'") and answer["input"] == "scheduler"
-    status, body = server.post("/wan22/split", {"prompt": {"2": schedule("1")}, "nodes": ["2", "3"]})
-    assert status == 200 and body["splits"]["2"]["error"] == "experts: connect a Wan2.2 expert loader to see the split"
+    unconnected = schedule("1")
+    del unconnected["inputs"]["experts"]
+    status, body = server.post("/wan22/split", {"prompt": {"2": unconnected, "3": loader(low=low)},
+                                                "nodes": ["2", "3"]})
+    assert status == 400 and body["splits"]["2"]["error"] == "experts: Required input is missing"
+    assert body["error"] == body["splits"]["2"]["error"]
     assert "is not a Wan2.2 Boundary & Flow Shift or Lead Stage node" in body["splits"]["3"]["error"]
     linked = split_request(server, {"1": loader(low=low), "7": {"class_type": "PrimitiveInt", "inputs": {"value": 9}}},
                            steps=["7", 0])
     assert linked["error"].startswith("steps: comes from another node")
-    for body in ({"nodes": ["2"]}, {"prompt": {}, "nodes": "2"}, [1, 2]):
+    # A refusal on a node upstream names that node too.
+    answer = split_request(server, loader(low="missing.safetensors"))
+    assert answer["input"] == "low_noise_model" and answer["node"] == "1"
+    assert answer["error"].endswith("[on node 1, Wan22ExpertLoader]")
+    for body, name in (({"nodes": ["2"]}, "prompt"), ({"prompt": {}, "nodes": "2"}, "nodes"), ([1, 2], "body"),
+                       ({"prompt": {}, "nodes": ["2"]}, "nodes")):
         status, answer = server.post("/wan22/split", body)
-        assert status == 400 and answer["error"].split(":")[0] in ("prompt", "nodes")
+        assert status == 400 and answer["input"] == name and answer["error"].startswith(f"{name}: ")
 
 
 def test_the_canvas_learns_the_old_sampler_names_from_the_server(server):
     assert server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"},
                                            "split_nodes": ["Wan22Schedule", "Wan22LeadStage"]}
+
+
+def hostile_bodies(tiny_models):
+    """Bodies a hostile client sent: (body, the field its 400 must name)."""
+    high, low = expert_files(tiny_models)
+    bridge = {"10": unet(high), "1": {"class_type": "Wan22ExpertsFromModel", "inputs": {"high_noise_model": ["10", 0]}}}
+    with_schedule = lambda experts: {**experts, "2": schedule("1", sampler="euler")}  # noqa: E731
+    return [
+        # A string where the bridge's MODEL link (an object of models) was expected, and a loader given as a list.
+        ({"prompt": with_schedule({**bridge, "1": {"class_type": "Wan22ExpertsFromModel",
+                                                   "inputs": {"high_noise_model": {"high": "x"}}}}), "nodes": ["2"]},
+         "high_noise_model"),
+        ({"prompt": with_schedule({"1": loader(high=[1, 2], low=low)}), "nodes": ["2"]},
+         "prompt['1'].inputs.high_noise_model"),
+        ({"prompt": with_schedule({"1": loader(high={"high": "x"}, low=low)}), "nodes": ["2"]}, "high_noise_model"),
+        ({"prompt": with_schedule({"1": [1, 2]}), "nodes": ["2"]}, "prompt['1']"),
+        ({"prompt": {**with_schedule({"1": loader(high, low)}), "2": {"class_type": "Wan22Schedule",
+                                                                      "inputs": [1, 2]}}, "nodes": ["2"]},
+         "prompt['2'].inputs"),
+        ({"prompt": with_schedule({"1": loader(high, low)}), "nodes": ["2"], "models": {"high": "x"}, "loader": [1, 2]},
+         None),
+    ]
+
+
+def test_the_bodies_a_hostile_client_sent_are_refused_naming_the_field(server, tiny_models):
+    for body, name in hostile_bodies(tiny_models):
+        status, answer = server.post("/wan22/split", body)
+        if name is None:  # keys the route does not read change nothing
+            assert status == 200 and answer["splits"]["2"]["high"] == 26, answer
+            continue
+        assert status == 400 and answer["input"] == name and answer["error"].startswith(f"{name}: "), (body, answer)
+
+
+@pytest.mark.parametrize("name,value", [("flow_shift", 1e308), ("flow_shift", 0.0), ("steps", 10**9), ("steps", -5),
+                                        ("boundary.boundary_ratio", 1.5)])
+def test_the_route_refuses_a_value_out_of_range_as_the_prompt_queue_does(server, tiny_models, name, value):
+    """The node schemas' ranges, read by ComfyUI's own validation: the route and POST /prompt say the same."""
+    prompt = schedule_prompt(loader(*expert_files(tiny_models)), sampler="euler", boundary="custom")
+    prompt["2"]["inputs"][name] = value
+    status, queued = server.queue(prompt)
+    assert status == 400, queued
+    (error,) = queued["node_errors"]["2"]["errors"]
+    status, answer = server.post("/wan22/split", {"prompt": prompt, "nodes": ["2"]})
+    assert status == 400 and answer["input"] == error["extra_info"]["input_name"] == name
+    assert answer["error"] == f"{name}: {error['message']}" and error["details"] == name
+    if value == 1e308:
+        assert answer["error"] == "flow_shift: Value 1e+308 bigger than max of 100.0"

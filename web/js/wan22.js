@@ -123,7 +123,10 @@ async function refreshSplits() {
       method: "POST", body: JSON.stringify({ prompt, nodes: schedules.map(([, id]) => id) }),
     });
     const reply = await response.json();
-    answers = reply.splits ?? Object.fromEntries(schedules.map(([, id]) => [id, { error: reply.error }]));
+    // A refused request (400) still carries each node's split or refusal once the body was well formed;
+    // a node it has no answer for shows the request's own refusal.
+    const fallback = { error: reply.error ?? `the server answered ${response.status}` };
+    answers = Object.fromEntries(schedules.map(([, id]) => [id, reply.splits?.[id] ?? fallback]));
   } catch (error) {
     answers = Object.fromEntries(schedules.map(([, id]) => [id, { error: String(error) }]));
   }
