@@ -20,7 +20,7 @@ from .paths import COMFYUI_DIR, PACK_NAME, make_base_directory
 class PromptResult:
     valid: bool
     error: dict | None = None
-    node_errors: dict = field(default_factory=dict)
+    node_errors: dict = field(default_factory=dict)  # also on a valid prompt: the outputs that were left out
     success: bool = False
     outputs: dict = field(default_factory=dict)  # node id -> ui dict, as /history shows it
     messages: list = field(default_factory=list)
@@ -88,7 +88,7 @@ class InProcessComfy:
             return PromptResult(valid=False, error=valid[1], node_errors=valid[3])
         executor.execute(prompt, prompt_id, extra_data={}, execute_outputs=valid[2])
         outputs = executor.history_result.get("outputs", {}) if executor.success else {}
-        return PromptResult(valid=True, success=executor.success, outputs=outputs,
+        return PromptResult(valid=True, success=executor.success, outputs=outputs, node_errors=valid[3],
                             messages=list(executor.status_messages))
 
     def cached_output(self, node_id: str, executor=None):

@@ -8,7 +8,7 @@ from comfy_api.latest import io
 from . import expert_models
 from .core.experts import EXPERT_INPUTS
 from .core.prompt_graph import upstream_file
-from .types import CATEGORY, ExpertsType
+from .types import CATEGORY, ExpertsType, linked_only
 
 
 class Wan22ExpertsFromModel(io.ComfyNode):
@@ -33,6 +33,10 @@ class Wan22ExpertsFromModel(io.ComfyNode):
                                                                        "Cache-DiT and sampler nodes.")],
             hidden=[io.Hidden.prompt, io.Hidden.unique_id],
         )
+
+    @classmethod
+    def validate_inputs(cls, high_noise_model=None, low_noise_model=None):
+        return linked_only(high_noise_model=high_noise_model, low_noise_model=low_noise_model)
 
     @classmethod
     def execute(cls, high_noise_model=None, low_noise_model=None) -> io.NodeOutput:

@@ -13,7 +13,7 @@ from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
 from .core.report import blocks_saved
 from .stage_cache import StageCache
-from .types import CATEGORY, ExpertsType
+from .types import CATEGORY, ExpertsType, linked_given, linked_only
 
 NO_LIMIT = "-1 means no limit."
 PASSES_NOTE = "CFG passes (batched or separate) are read from ComfyUI's calls when each stage runs"
@@ -84,9 +84,14 @@ class Wan22CacheDiT(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, experts=None):
+        return linked_only(experts=experts)
+
+    @classmethod
     def execute(cls, experts, enabled, residual_diff_threshold, first_compute_blocks, last_compute_blocks,
                 max_continuous_cached_steps, high_warmup_steps, high_max_cached_steps, low_warmup_steps,
                 low_max_cached_steps, calibrator=DEFAULTS["calibrator"]) -> io.NodeOutput:
+        linked_given(experts=experts)
         if not enabled:
             return io.NodeOutput(experts.replace(cache_plan=None, cache_node=None), ui={"text": ["Cache-DiT off"]})
         plan = CachePlan(residual_diff_threshold=float(residual_diff_threshold),
@@ -202,9 +207,14 @@ class Wan22CacheDiTModel(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, model=None):
+        return linked_only(model=model)
+
+    @classmethod
     def execute(cls, model, enabled, residual_diff_threshold, first_compute_blocks, last_compute_blocks,
                 max_continuous_cached_steps, warmup_steps, max_cached_steps,
                 calibrator=DEFAULTS["calibrator"]) -> io.NodeOutput:
+        linked_given(model=model)
         if not enabled:
             return io.NodeOutput(model, ui={"text": ["Cache-DiT off"]})
         layers = len(wan_diffusion_model(model).blocks)

@@ -18,7 +18,7 @@ from .core import checkpoint
 from .core.errors import Wan22InputError
 from .core.experts import NONE, ROLE_WORDS, ROLES, LoraNote
 from .model_files import model_file_path
-from .types import CATEGORY, ExpertsType
+from .types import CATEGORY, ExpertsType, linked_given, linked_only
 
 LORA_INPUTS = {"high": "high_noise_lora", "low": "low_noise_lora"}
 STRENGTH_INPUTS = {"high": "high_noise_strength", "low": "low_noise_strength"}
@@ -106,7 +106,10 @@ class Wan22LoraLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, high_noise_lora=None, low_noise_lora=None):
+    def validate_inputs(cls, high_noise_lora=None, low_noise_lora=None, experts=None):
+        linked = linked_only(experts=experts)
+        if linked is not True:
+            return linked
         # Header-only checks: a missing or damaged file is refused at queue time.
         for role, name in (("high", high_noise_lora), ("low", low_noise_lora)):
             try:
@@ -120,6 +123,7 @@ class Wan22LoraLoader(io.ComfyNode):
     @classmethod
     def execute(cls, experts, high_noise_lora, high_noise_strength, low_noise_lora,
                 low_noise_strength) -> io.NodeOutput:
+        linked_given(experts=experts)
         models = experts.models()
         chosen = {"high": (high_noise_lora, high_noise_strength), "low": (low_noise_lora, low_noise_strength)}
         notes = []

@@ -8,7 +8,7 @@ import os
 from comfy_api.latest import io
 
 from .core import parallel as core
-from .types import CATEGORY, ExpertsType
+from .types import CATEGORY, ExpertsType, linked_given, linked_only
 
 
 def gpus_here() -> int:
@@ -48,7 +48,12 @@ class Wan22ParallelPlan(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, experts=None):
+        return linked_only(experts=experts)
+
+    @classmethod
     def execute(cls, experts, workers, devices, ulysses_degree, cpu_threads=0) -> io.NodeOutput:
+        linked_given(experts=experts)
         plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
                               heads=experts.architecture.dim // core.HEAD_WIDTH, cpu_threads=cpu_threads,
                               gpus=gpus_here(), cpus=os.cpu_count() or 1)

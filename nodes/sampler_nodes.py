@@ -10,7 +10,7 @@ from comfy_api.latest import io
 
 from . import engine, parallel
 from .core import report, sampler_inputs, timeline
-from .types import CATEGORY, ExpertsType, ScheduleType
+from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
 
 
 class Wan22TwoStageSampler(io.ComfyNode):
@@ -54,7 +54,14 @@ class Wan22TwoStageSampler(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, experts=None, schedule=None, positive=None, negative=None, latent_image=None):
+        return linked_only(experts=experts, schedule=schedule, positive=positive, negative=negative,
+                           latent_image=latent_image)
+
+    @classmethod
     def execute(cls, experts, schedule, positive, negative, latent_image, seed, cfg_high, cfg_low) -> io.NodeOutput:
+        linked_given(experts=experts, schedule=schedule, positive=positive, negative=negative,
+                     latent_image=latent_image)
         sampler_inputs.check_sampler_inputs(experts.architecture, positive, negative, latent_image)
         cfg = {"high": float(cfg_high), "low": float(cfg_low)}
         if experts.parallel_plan is None:

@@ -11,7 +11,7 @@ import comfy.samplers
 from . import sigmas
 from .core import schedule as core
 from .core.errors import Wan22InputError
-from .types import CATEGORY, ExpertsType, ScheduleType
+from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
 
 
 def boundary_ratio_input() -> io.Float.Input:
@@ -72,10 +72,13 @@ class Wan22Schedule(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, sampler=None, scheduler=None, boundary=None, boundary_ratio=None):
+    def validate_inputs(cls, sampler=None, scheduler=None, boundary=None, boundary_ratio=None, experts=None):
         # Named here, so ComfyUI's own list check steps aside: old sampler names still load and run. ComfyUI
         # hands a dynamic input's value over to this function whole, so `boundary` must be named too (its
         # boundary_ratio keeps ComfyUI's own range check).
+        linked = linked_only(experts=experts)
+        if linked is not True:
+            return linked
         try:
             if sampler is not None:
                 core.sampler_name(sampler, comfy.samplers.KSampler.SAMPLERS)
@@ -88,6 +91,7 @@ class Wan22Schedule(io.ComfyNode):
     @classmethod
     def execute(cls, experts, sampler, steps, flow_shift, boundary=None, scheduler=core.DEFAULT_SCHEDULER,
                 boundary_ratio=None, **_unknown) -> io.NodeOutput:
+        linked_given(experts=experts)
         # ComfyUI's own range checks refuse widget values at queue time; this also covers linked values.
         custom = core.custom_boundary(boundary, boundary_ratio)
         schedule = sigmas.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
@@ -162,7 +166,12 @@ class Wan22LeadStage(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, schedule=None, experts=None):
+        return linked_only(schedule=schedule, experts=experts)
+
+    @classmethod
     def execute(cls, schedule, experts, lead_steps, start_step, cfg) -> io.NodeOutput:
+        linked_given(schedule=schedule, experts=experts)
         if not experts.has_high:
             raise Wan22InputError("experts", "the lead stage runs the high-noise expert, but these experts have "
                                              "none: connect experts with a high-noise expert")

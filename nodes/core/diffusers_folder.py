@@ -73,7 +73,7 @@ def inspect_folder(folder: str, experts: str) -> tuple[dict[str, ExpertArchitect
     """Checks a diffusers Wan2.2 folder for the requested experts (headers only); returns their
     architectures by role and the boundary that its model_index.json declares (None when none)."""
     name = os.path.basename(os.path.normpath(folder))
-    if experts not in CHOICES:
+    if not isinstance(experts, str) or experts not in CHOICES:
         raise Wan22InputError("experts", f"unknown choice {experts!r}: use one of {', '.join(CHOICES)}")
     index_path = os.path.join(folder, "model_index.json")
     if not os.path.isfile(index_path):

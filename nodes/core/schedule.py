@@ -154,7 +154,7 @@ class LeadStage:
     steps: int  # steps of the lead's own schedule
     start_step: int  # the main schedule's step the lead hands over to
     cfg: float
-    sigmas: tuple[float, ...]  # the lead's own schedule, every step (N + 1)
+    sigmas: tuple[float, ...]  # the lead's own schedule, every step and the final sigma
     main_start: float  # the sigma the main schedule's step `start_step` starts from
     end_step: int  # the lead steps run (its schedule's steps 0 to end_step)
     exact: bool  # its last step lands on the main start sigma exactly (else a last step of its own size)
@@ -183,10 +183,10 @@ class RunSchedule:
 
     sampler: str
     scheduler: str
-    steps: int
+    steps: int  # as asked: what ComfyUI's KSampler is given
     flow_shift: float
     boundary: Boundary
-    sigmas: tuple[float, ...]  # one per step, then the final sigma (0)
+    sigmas: tuple[float, ...]  # one per step the run takes, then the final sigma (0)
     split: tuple[int, int]
     has_high: bool
     has_low: bool
@@ -202,6 +202,12 @@ class RunSchedule:
         return self.split[1]
 
     @property
+    def run_steps(self) -> int:
+        """The steps the run takes: `steps`, except where ComfyUI's scheduler makes a different count of
+        sigmas (ddim_uniform: 12 steps when 11 are asked), which KSampler then steps through."""
+        return len(self.sigmas) - 1
+
+    @property
     def main_start(self) -> int:
         """The main schedule's first step: 0, or where a lead stage hands over."""
         return self.lead.start_step if self.lead is not None else 0
@@ -209,7 +215,7 @@ class RunSchedule:
     def stage_bounds(self, stage: str) -> tuple[int, int]:
         """(first step, end step) of a main-schedule stage, in the main schedule's steps."""
         switch = max(self.high_steps, self.main_start)
-        return (self.main_start, switch) if stage == "high" else (switch, self.steps)
+        return (self.main_start, switch) if stage == "high" else (switch, self.run_steps)
 
     def stage_steps(self) -> dict[str, int]:
         """The steps each stage of the run takes, in run order; a stage with none is left out."""
@@ -245,7 +251,9 @@ class RunSchedule:
 
     def summary(self) -> str:
         ratio = "pinned" if self.boundary.ratio is None else f"{self.boundary.ratio:g}"
-        text = (f"{self.sampler}/{self.scheduler}, {self.steps} steps, shift {self.flow_shift:g}, boundary {ratio} "
+        steps = f"{self.steps} steps" + ("" if self.run_steps == self.steps else
+                                         f" ({self.scheduler} makes them {self.run_steps})")
+        text = (f"{self.sampler}/{self.scheduler}, {steps}, shift {self.flow_shift:g}, boundary {ratio} "
                 f"({self.boundary.source}): ")
         if self.lead is None:
             return text + f"{self.high_steps} high / {self.low_steps} low"
@@ -258,7 +266,7 @@ def add_lead(schedule: RunSchedule, *, lead_sigmas, steps: int, start_step: int,
     """The schedule with a lead stage in front: `lead_sigmas` are the lead's own schedule (`steps` + 1)."""
     check_lead_inputs(schedule, steps=steps, start_step=start_step, cfg=cfg)
     lead_sigmas = tuple(float(s) for s in lead_sigmas)
-    if len(lead_sigmas) != int(steps) + 1:
+    if len(lead_sigmas) < 2:
         raise ValueError(f"{len(lead_sigmas)} lead sigmas for {steps} steps")
     main_start = schedule.sigmas[int(start_step)]
     end_step, exact = lead_hand_off(lead_sigmas, main_start)
@@ -281,9 +289,10 @@ def check_lead_inputs(schedule: RunSchedule | None, *, steps=None, start_step=No
     if not schedule.has_high:
         raise Wan22InputError("schedule", "a lead stage runs the high-noise expert before the main schedule, but "
                                           "this schedule's experts have no high-noise expert")
-    if not (1 <= int(start_step) < schedule.steps):
-        raise Wan22InputError("start_step", f"{start_step} is out of range: the main schedule has {schedule.steps} "
-                                            f"steps, so hand over at a step between 1 and {schedule.steps - 1}")
+    if not (1 <= int(start_step) < schedule.run_steps):
+        raise Wan22InputError("start_step", f"{start_step} is out of range: the main schedule has "
+                                            f"{schedule.run_steps} steps, so hand over at a step between 1 and "
+                                            f"{schedule.run_steps - 1}")
 
 
 def build_schedule(*, sampler: str, scheduler: str, steps: int, flow_shift: float, sigmas, has_high: bool,
@@ -291,8 +300,8 @@ def build_schedule(*, sampler: str, scheduler: str, steps: int, flow_shift: floa
     """Resolves the boundary and counts the split from the run's own sigmas."""
     check_schedule_inputs(steps=steps, flow_shift=flow_shift, boundary_ratio=custom_ratio)
     sigmas = tuple(float(s) for s in sigmas)
-    if len(sigmas) != int(steps) + 1:
-        raise ValueError(f"{len(sigmas)} sigmas for {steps} steps: a run has one sigma per step and a final one")
+    if len(sigmas) < 2:  # ComfyUI's schedulers give steps + 1 sigmas, or about that many (ddim_uniform)
+        raise ValueError(f"{len(sigmas)} sigmas for {steps} steps: a run has at least one step and a final sigma")
     boundary = resolve_boundary(has_high=has_high, has_low=has_low, model_default=model_default,
                                 custom_ratio=custom_ratio)
     return RunSchedule(sampler=sampler, scheduler=scheduler, steps=int(steps), flow_shift=float(flow_shift),

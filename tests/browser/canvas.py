@@ -74,3 +74,29 @@ def replies_handled(page) -> int:
 def frontend_prompt(page):
     """The frontend's own workflow -> API conversion of the graph on the canvas."""
     return page.evaluate("async () => (await app.graphToPrompt()).output")
+
+
+# Names a hostile workflow carries: markup that would run if the canvas inserted a server text as HTML.
+HOSTILE_SCHEDULER = "<script>window.wan22Injected = 1</script>"
+HOSTILE_MODEL = "<img src=x onerror=\"window.wan22Injected = 1\">.safetensors"
+
+
+def hostile_names_show_as_text(page, workflow) -> list[dict]:
+    """Loads `workflow`, gives its loader a model name that is markup, then its schedule a scheduler name that
+    is markup, and returns what the schedule's status shows each time the live-split route has answered: its
+    text, how many elements it holds, the markup elements in any status, whether any markup ran."""
+    load(page, workflow)
+    wait_for_status(page, "Wan22Schedule", "will run:")
+    page.evaluate("() => { delete window.wan22Injected; }")
+    shown = []
+    for node_type, name, value, fragment in (
+            ("Wan22ExpertLoader", "high_noise_model", HOSTILE_MODEL, HOSTILE_MODEL),
+            ("Wan22Schedule", "scheduler", HOSTILE_SCHEDULER, HOSTILE_SCHEDULER)):
+        set_widget(page, node_type, name, value)
+        wait_for_status(page, "Wan22Schedule", fragment)
+        shown.append(node_of(page, "Wan22Schedule", f"""(() => {{
+            const element = node.widgets.find(w => w.name === 'wan22_status').element;
+            return {{ text: {STATUS}, children: element.children.length, injected: window.wan22Injected ?? null,
+                      markup: document.querySelectorAll('.wan22-status script, .wan22-status img').length }};
+        }})()"""))
+    return shown

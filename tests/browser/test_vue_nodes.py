@@ -9,7 +9,8 @@ import pytest
 from devtools.browser import browser, open_comfyui
 from devtools.paths import ROOT
 
-from .canvas import node_of, load, set_widget, status_of, wait_for, wait_for_status
+from .canvas import (HOSTILE_MODEL, HOSTILE_SCHEDULER, hostile_names_show_as_text, load, node_of, set_widget, status_of,
+                     wait_for, wait_for_status)
 
 DEMO = os.path.join(ROOT, "example_workflows", "wan22_tiny_demo.json")
 # The status widget's element as the user sees it: inside the node's own element, laid out, not hidden.
@@ -43,6 +44,16 @@ def test_the_split_shows_on_the_vue_node_and_follows_its_widgets(page):
                                             "inNode": True, "shown": True}
     set_widget(page, "Wan22Schedule", "flow_shift", 5.0)
     wait_for_status(page, "Wan22Schedule", "will run: 9 high / 11 low")
+
+
+def test_markup_in_a_model_name_and_a_scheduler_name_shows_as_text_on_the_vue_node(page):
+    with open(DEMO) as f:
+        model, scheduler = hostile_names_show_as_text(page, json.load(f))
+    assert model["text"].startswith(f"split: high_noise_model: {HOSTILE_MODEL!r} is not in models/diffusion_models")
+    assert scheduler["text"].startswith(f"split: scheduler: unknown scheduler {HOSTILE_SCHEDULER!r}: use one of")
+    for text in (model, scheduler):
+        assert (text["children"], text["markup"], text["injected"]) == (0, 0, None)
+    assert shown(page, "Wan22Schedule")["inNode"] and shown(page, "Wan22Schedule")["shown"]
 
 
 def test_a_run_shows_its_split_and_the_cache_summary_on_the_vue_nodes(page, server, frontend):

@@ -99,9 +99,15 @@ def test_linked_inputs_not_yet_known_are_not_refused():
     S.check_schedule_inputs(steps=None, flow_shift=None, boundary=None, boundary_ratio=None, scheduler=None)
 
 
-def test_sigmas_that_do_not_fit_the_steps_are_a_bug_not_a_schedule():
-    with pytest.raises(ValueError, match="one sigma per step and a final one"):
-        S.build_schedule(sampler="euler", scheduler="simple", steps=5, flow_shift=5.0, sigmas=LIGHTX2V, has_high=True,
+def test_the_run_takes_the_steps_its_sigmas_have():
+    """ComfyUI's ddim_uniform gives 13 sigmas for 11 steps, and KSampler steps through all 12: so does the split."""
+    schedule = S.build_schedule(sampler="euler", scheduler="ddim_uniform", steps=3, flow_shift=5.0, sigmas=LIGHTX2V,
+                                has_high=True, has_low=True, model_default=0.875)
+    assert (schedule.steps, schedule.run_steps, schedule.split) == (3, 4, (2, 2))
+    assert schedule.stage_bounds("low") == (2, 4) and schedule.stage_sigmas("low") == LIGHTX2V[2:]
+    assert "3 steps (ddim_uniform makes them 4)" in schedule.summary()
+    with pytest.raises(ValueError, match="at least one step"):
+        S.build_schedule(sampler="euler", scheduler="simple", steps=5, flow_shift=5.0, sigmas=(1.0,), has_high=True,
                          has_low=True, model_default=0.875)
 
 

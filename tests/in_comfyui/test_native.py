@@ -7,11 +7,13 @@ import torch
 from .prompts import (FINAL, bridged, diffusers_loader, expert_files, latent_of, loader, native_prompt,
                       one_ksampler_prompt, our_prompt, report_of, run_ok, text_folder)
 
-RUNS = {  # sampler, scheduler, steps, shift, cfg: the template's LightX2V set-up, the Wan default, two more
+RUNS = {  # sampler, scheduler, steps, shift, cfg: the template's LightX2V set-up, the Wan default, three more
     "euler/simple": ("euler", "simple", 4, 5.0, (1.0, 1.0)),
     "uni_pc/simple": ("uni_pc", "simple", 10, 12.0, (4.0, 3.0)),
     "dpmpp_2m/beta": ("dpmpp_2m", "beta", 8, 5.0, (3.5, 3.5)),
     "euler_ancestral/simple": ("euler_ancestral", "simple", 8, 8.0, (4.0, 3.0)),
+    # ComfyUI's ddim_uniform makes 13 sigmas of 11 steps: KSampler, and so the template, steps 12.
+    "euler/ddim_uniform": ("euler", "ddim_uniform", 11, 5.0, (3.5, 3.5)),
 }
 LIGHTX2V_SIGMAS = [1.0, 0.9375, 0.833333, 0.625, 0.0]
 
@@ -38,6 +40,9 @@ def test_our_graph_is_bit_identical_to_two_ksampleradvanced_on_the_same_files(co
     ours, native, report = ours_then_native(comfyui, tiny_models, bridged(high, low), **settings(name))
     assert 0 < report["split"]["high"] < report["steps"]  # both experts really ran
     assert torch.equal(ours, native)
+    assert len(report["expert_per_step"]) == report["split"]["high"] + report["split"]["low"]  # every step ran
+    if name == "euler/ddim_uniform":
+        assert len(report["expert_per_step"]) == 12
     assert report["experts"] == {"high": high, "low": low}  # the files behind the MODELs, read off the prompt
 
 
