@@ -29,6 +29,16 @@ def missing(pack: str) -> str | None:
     return None
 
 
+def link_into(base_dir: str, pack: str) -> str:
+    """Links `pack` into the custom_nodes of a ComfyUI base directory (a server started on it loads it)."""
+    folder, _ = PACKS[pack]
+    link = os.path.join(base_dir, "custom_nodes", folder)
+    if not os.path.islink(link):
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(os.path.join(FOLDER, folder), link)
+    return link
+
+
 def load(harness, pack: str) -> None:
     """Links `pack` into the in-process ComfyUI's custom_nodes and loads it there (once per process)."""
     import nodes
@@ -36,9 +46,7 @@ def load(harness, pack: str) -> None:
     folder, node_id = PACKS[pack]
     if node_id in nodes.NODE_CLASS_MAPPINGS:
         return
-    link = os.path.join(harness.base_dir, "custom_nodes", folder)
-    if not os.path.islink(link):
-        os.symlink(os.path.join(FOLDER, folder), link)
+    link = link_into(harness.base_dir, pack)
     if not harness.loop.run_until_complete(nodes.load_custom_node(link, module_parent="custom_nodes")):
         raise RuntimeError(f"ComfyUI could not load {folder} from {link}")
     if node_id not in nodes.NODE_CLASS_MAPPINGS:

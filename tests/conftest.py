@@ -161,6 +161,22 @@ def tiny_models_server(tmp_path_factory, tiny_models):
 
 
 @pytest.fixture(scope="session")
+def gguf_server(tmp_path_factory, tiny_models):
+    """A real ComfyUI server on the tiny models with ComfyUI-GGUF installed beside the pack (skipped where its
+    copy is not there): the live route answers for the node types its server has."""
+    from devtools import third_party
+    from devtools.comfy_server import ComfyServer
+
+    reason = third_party.missing("gguf")
+    if reason:
+        pytest.skip(reason)
+    base = tiny_models_server_base(tmp_path_factory, tiny_models, "gguf_server")
+    third_party.link_into(base, "gguf")
+    with ComfyServer(base) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
 def fresh_tiny_models_server(tmp_path_factory, tiny_models):
     """Another one, where no prompt is ever interrupted: what a fresh server gives, for comparison."""
     from devtools.comfy_server import ComfyServer

@@ -69,16 +69,16 @@ def test_the_cache_on_gguf_experts_with_loras_caches_repeats_a_b_a_and_leaves_no
         assert "wrappers" not in options, node
 
 
-def test_the_live_split_reads_the_task_off_gguf_experts_behind_the_bridge(tiny_models_server, gguf_experts):
+def test_the_live_split_reads_the_task_off_gguf_experts_behind_the_bridge(gguf_server, gguf_experts, tiny_models):
     from .test_server import split_request
 
     i2v = bridged(*files(gguf_experts, "Q8_0", "i2v"))
-    answer = split_request(tiny_models_server, gguf_loaders(i2v), flow_shift=5.0)
+    answer = split_request(gguf_server, gguf_loaders(i2v), flow_shift=5.0)
     assert (answer["boundary_ratio"], answer["boundary_known"]) == (0.9, True)
-    t2v = gguf_loaders(bridged(*files(gguf_experts, "Q5_1"), loras=loras_of_names()))
-    answer = split_request(tiny_models_server, t2v, flow_shift=12.0)
+    t2v = gguf_loaders(bridged(*files(gguf_experts, "Q5_1"), loras=loras_of_names(tiny_models)))
+    answer = split_request(gguf_server, t2v, flow_shift=12.0)
     assert (answer["high"], answer["boundary_ratio"], answer["boundary_known"]) == (26, 0.875, True)
 
 
-def loras_of_names():
-    return {"high": ("any_lora.safetensors", 1.0)}  # the route follows the LoRA loader's model input only
+def loras_of_names(tiny_models):
+    return {"high": (tiny_models["loras"]["high"], 1.0)}

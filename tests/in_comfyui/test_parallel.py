@@ -20,7 +20,13 @@ pytest.importorskip("yunchang", reason="the parallel plan's tests need yunchang 
 
 PLAN = {"workers": 2, "devices": "cpu, cpu", "ulysses_degree": 2, "cpu_threads": 1}
 RUN = dict(width=32, height=32, length=5, steps=6, flow_shift=5.0)
-ONE_PROCESS = 1e-5  # the split changes the matmul shapes each rank computes, so the last bits may differ
+# The split changes the matmul shapes each rank computes, so the last bits may differ: float32 rounding, which
+# grows with the values (an absolute 1e-5 held on one set-up and not on another, where 1.14e-5 was measured).
+ONE_PROCESS = 1e-5  # per unit of the largest value
+
+
+def near_one_process(latent, alone) -> bool:
+    return (latent - alone).abs().max().item() <= ONE_PROCESS * max(1.0, alone.abs().max().item())
 
 
 def plan_node(experts_from, **overrides):
@@ -81,7 +87,7 @@ def test_uncached_run_equals_one_process(comfyui, tiny_models, parallel_experts,
     assert report["split"] == alone_report["split"] and report["loras"] == alone_report["loras"]
     assert report["transformer_calls"] == alone_report["transformer_calls"]
     assert report["parallel"]["workers"] == 2 and report["parallel"]["devices"] == ["cpu", "cpu"]
-    assert (split - alone).abs().max().item() <= ONE_PROCESS
+    assert near_one_process(split, alone)
     assert not torch.equal(split, torch.zeros_like(split))
 
 
@@ -97,7 +103,7 @@ def test_three_stages_with_the_lead_on_workers_equal_one_process(comfyui, tiny_m
     report = P.report_of(P.run_ok(comfyui, with_plan(prompt)))
     assert report["split"] == alone["split"] == {"lead": 3, "high": 3, "low": 4}
     assert report["parallel"]["workers"] == 2
-    assert (P.latent_of(comfyui, "5") - alone_latent).abs().max().item() <= ONE_PROCESS
+    assert near_one_process(P.latent_of(comfyui, "5"), alone_latent)
 
 
 def test_seeds_a_b_a_on_warm_workers(comfyui, tiny_models, parallel_experts):
@@ -143,7 +149,7 @@ def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_expert
                 assert ranked.keys() == one["residual_diffs"].keys(), (rank, stage)
                 assert all(abs(ranked[k] - v) <= 1e-4 for k, v in one["residual_diffs"].items()), (rank, stage)
         assert parallel["ranks_agree"]
-        assert (P.latent_of(comfyui, "5") - alone_latent[shift]).abs().max().item() <= ONE_PROCESS
+        assert near_one_process(P.latent_of(comfyui, "5"), alone_latent[shift])
 
 
 LONG = dict(sampler="euler", steps=60, cfg=(1.0, 1.0), width=64, height=64, length=9)
