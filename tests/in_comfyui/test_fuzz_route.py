@@ -89,14 +89,18 @@ def check_answer(status: int, answer: dict, body):
 def named_field(answer, change, prompt) -> bool:
     """Whether a refusal names the input of the one value changed (prompt[node].inputs[name]) in its field or
     its message, or else the input its node's output arrives through (a file a loader gives, refused by the
-    bridge that reads it: high_noise_model)."""
+    bridge that reads it: high_noise_model), or quotes the value given (a file that does not match its pair)."""
     action, path = change
     if len(path) != 4 or path[0] != "prompt" or path[2] != "inputs" or action == "add":
         return True  # elsewhere: the message names a field of its own
     name, text = str(path[3]), answer["error"]
+    if text.startswith("prompt: Dependency cycle detected") and f"{path[1]} (" in text:
+        return True  # a link that closes a loop: ComfyUI's validation names the nodes of the loop
     through = {input_name for node in prompt.values() if isinstance(node, dict) and isinstance(node.get("inputs"), dict)
                for input_name, value in node["inputs"].items() if isinstance(value, list) and value[:1] == [path[1]]}
-    return name in answer["input"] or name.split(".")[-1] in text or answer["input"] in through
+    value = prompt[path[1]]["inputs"].get(path[3])
+    given = isinstance(value, str) and len(value) > 3 and repr(value)[1:-1][:100] in text  # its value, quoted
+    return name in answer["input"] or name.split(".")[-1] in text or answer["input"] in through or given
 
 
 @pytest.fixture(scope="module")
