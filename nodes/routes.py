@@ -211,8 +211,8 @@ def to_validate(prompt: dict) -> dict:
                       and isinstance(node.get("inputs"), dict) else node) for node_id, node in prompt.items()}
 
 
-def refused(error: Wan22InputError, **extra) -> web.Response:
-    return web.json_response({"error": str(error), "input": error.input_name, **extra}, status=400)
+def refused(error: Wan22InputError) -> web.Response:
+    return web.json_response({"error": str(error), "input": error.input_name}, status=400)
 
 
 @PromptServer.instance.routes.post(ROUTE)

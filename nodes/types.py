@@ -2,14 +2,12 @@
 
 from comfy_api.latest import io
 
-from .core.errors import Wan22InputError, cut
+from .core.errors import Wan22InputError
 
 ExpertsType = io.Custom("WAN22_EXPERTS")
 ScheduleType = io.Custom("WAN22_SCHEDULE")
 
 CATEGORY = "Wan2.2 Cache-DiT"
-
-
 
 # A node's validate_inputs sees an input that takes a node's output (experts, schedule, MODEL, ...) as None
 # when it is linked (its value is known only when the prompt runs), and as the value itself when the prompt gives
@@ -21,8 +19,8 @@ def linked_only(**values) -> str | bool:
     True when every one is linked (or left out, where it is optional)."""
     for name, value in values.items():
         if value is not None:
-            return cut(f"{name}: {value!r} is a value, but {name} takes a link: connect a node's output to it "
-                       "(in an API prompt, [node id, output index])")
+            return str(Wan22InputError(name, f"{value!r} is a value, but {name} takes a link: connect a node's "
+                                             "output to it (in an API prompt, [node id, output index])"))
     return True
 
 

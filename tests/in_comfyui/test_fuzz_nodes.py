@@ -184,8 +184,8 @@ def unfollowable(link, prompt) -> bool:
     target, index = link
     if not isinstance(target, str) or target not in prompt or not isinstance(index, int):
         return True
-    return not -len(comfyui_node(prompt[target]["class_type"]).RETURN_TYPES) <= index < len(
-        comfyui_node(prompt[target]["class_type"]).RETURN_TYPES)
+    outputs = len(comfyui_node(prompt[target]["class_type"]).RETURN_TYPES)
+    return not -outputs <= index < outputs
 
 
 def check_outcome(comfyui, result, prompt, specs):
