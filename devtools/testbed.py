@@ -1,0 +1,465 @@
+"""The trained test bed: a tiny two-expert Wan2.2 that denoises, for every quality figure the pack states.
+
+Random-weight experts prove plumbing and equality, but they do not denoise, so a stale cached residual costs
+them little and says nothing about what a cache costs a real run. This script trains a pair of tiny Wan2.2
+experts (head width 128 like the real ones, 8 layers) by flow matching in ComfyUI's convention for Wan
+(`x = s * noise + (1 - s) * x0`, target `noise - x0`, timestep `1000 * s`): the high-noise expert on
+s >= 0.875, the low-noise expert below. Its data is made here, in the latent space the transformer sees
+(after Wan21.process_in): 16 channels, 3 latent frames of 12 x 12, one object (a Gaussian blob or a Gabor
+patch) moving 2 latent pixels a frame (right, left, down or up) over a smooth static background. The shape
+and the direction are the class (8 classes), and each class is a fixed sequence of umt5-shaped tokens
+(4096 wide, zero-padded to ComfyUI's 512 rows), so the conditioning matters; a tenth of the training samples
+use the negative prompt instead (CFG dropout).
+
+Training is deterministic for a seed (one thread per expert, the two experts in two processes). It stops when
+the validation loss has not improved for PATIENCE evaluations, or at MAX_STEPS (which fit in 60 minutes on two
+cores), and keeps the best evaluated weights. The bed is built once per machine into a cache outside the clone
+(~/.cache/wan22-cachedit/testbed/<key>, or $WAN22_TESTBED_CACHE), keyed by this script's content: change the
+script and the next build trains anew. Its log (bed.json) has the training time, the losses, each file's
+SHA-256, and what the bed generates through ComfyUI's own two-KSamplerAdvanced graph: how well each sample
+fits the nearest data template (relative L2: clean data about 0.05, noise 1.0) and whether its class is the
+one asked for.
+
+It is tiny and synthetic: it says how a cache's error behaves on a model that denoises, not how a real
+Wan2.2 video looks.
+
+    .venv/bin/python -m devtools.testbed [--force] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.abspath(__file__)
+BOUNDARY = 0.875  # Wan2.2 T2V: the high-noise expert at s >= 0.875
+CHANNELS, FRAMES, SIZE = 16, 3, 12  # the latent the transformer sees: 16 x 3 x 12 x 12 (a 96 x 96 x 9 video)
+TEXT_ROWS, TEXT_WIDTH = 512, 4096  # umt5's output: 512 rows, zero past the prompt's tokens
+PROMPT_TOKENS, NEGATIVE_TOKENS = 12, 3
+SHAPES = ("blob", "gabor")
+DIRECTIONS = {"right": (0, 1), "left": (0, -1), "down": (1, 0), "up": (-1, 0)}  # (dy, dx) per frame, x2 pixels
+CLASSES = [f"{shape} {direction}" for shape in SHAPES for direction in DIRECTIONS]
+STEP_PIXELS = 2
+MARGIN = 2  # the object's centre stays this far from the edges
+
+
+@dataclass(frozen=True)
+class BedConfig:
+    """What is trained, and how long at most. The bed's own values are the defaults; tests train a quick one."""
+
+    num_layers: int = 8
+    dim: int = 256  # 2 heads x 128
+    ffn_dim: int = 512
+    seed: int = 0
+    batch: int = 12
+    lr: float = 5e-4
+    warmup_steps: int = 50
+    max_steps: int = 1100  # about 1.3 CPU-seconds a step: 25 minutes for the two experts on two cores
+    eval_every: int = 50
+    patience: int = 5  # evaluations without a 0.5 % improvement before training stops
+    validation: int = 96  # validation samples (fixed noise and s)
+    cfg_dropout: float = 0.1
+
+
+QUICK = BedConfig(num_layers=2, ffn_dim=256, batch=4, max_steps=6, eval_every=3, warmup_steps=2, validation=8)
+
+
+# --- the data world: templates, conditioning, fitting ---
+
+class World:
+    """Everything about the data that is fixed by the seed: the channel loadings of object and background,
+    the class prompts and the negative. Data and fits are made from it."""
+
+    def __init__(self, seed: int = 0):
+        g = torch.Generator().manual_seed(10_000 + seed)
+        self.object_vector = F.normalize(torch.randn(CHANNELS, generator=g), dim=0) * 4.0
+        self.background_vector = F.normalize(torch.randn(CHANNELS, generator=g), dim=0) * 4.0
+        self.prompts = torch.randn(len(CLASSES), PROMPT_TOKENS, TEXT_WIDTH, generator=g)
+        self.negative = torch.randn(NEGATIVE_TOKENS, TEXT_WIDTH, generator=g)
+        ys, xs = torch.meshgrid(torch.arange(SIZE, dtype=torch.float32), torch.arange(SIZE, dtype=torch.float32),
+                                indexing="ij")
+        self.ys, self.xs = ys, xs
+        self.starts = {c: self.start_positions(c) for c in range(len(CLASSES))}
+
+    @staticmethod
+    def start_positions(cls: int) -> list[tuple[int, int]]:
+        """Every start (y, x) of class `cls` whose path stays inside the frame's margins."""
+        dy, dx = DIRECTIONS[CLASSES[cls].split()[1]]
+        travel = STEP_PIXELS * (FRAMES - 1)
+        out = []
+        for y in range(MARGIN, SIZE - MARGIN):
+            for x in range(MARGIN, SIZE - MARGIN):
+                ey, ex = y + dy * travel, x + dx * travel
+                if MARGIN <= ey < SIZE - MARGIN and MARGIN <= ex < SIZE - MARGIN:
+                    out.append((y, x))
+        return out
+
+    def pattern(self, cls: int, y: int, x: int) -> torch.Tensor:
+        """The object of class `cls` starting at (y, x), over the frames: (FRAMES, SIZE, SIZE)."""
+        shape, direction = CLASSES[cls].split()
+        dy, dx = DIRECTIONS[direction]
+        frames = []
+        for t in range(FRAMES):
+            cy, cx = y + dy * STEP_PIXELS * t, x + dx * STEP_PIXELS * t
+            r2 = (self.ys - cy) ** 2 + (self.xs - cx) ** 2
+            envelope = torch.exp(-r2 / (2 * 1.5 ** 2))
+            if shape == "gabor":
+                envelope = torch.exp(-r2 / (2 * 2.0 ** 2)) * torch.cos(2 * math.pi * (self.xs - cx) / 3.0)
+            frames.append(envelope)
+        return torch.stack(frames)
+
+    def basis(self, cls: int, y: int, x: int) -> torch.Tensor:
+        """The four latents a template of this class and start is a sum of: (4, C, F, H, W): the object, and
+        the background's offset, x gradient and y gradient."""
+        obj = self.object_vector[:, None, None, None] * self.pattern(cls, y, x)[None]
+        centred = ((self.xs - (SIZE - 1) / 2) / SIZE, (self.ys - (SIZE - 1) / 2) / SIZE)
+        planes = [torch.ones(SIZE, SIZE), *centred]
+        bg = [self.background_vector[:, None, None, None] * p.expand(FRAMES, SIZE, SIZE)[None] for p in planes]
+        return torch.stack([obj, *bg])
+
+    def sample(self, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """n clean latents (n, C, F, H, W) and their classes: a random class, start, amplitude and background,
+        plus a little texture (what keeps clean data at a fit of about 0.05)."""
+        classes = torch.randint(0, len(CLASSES), (n,), generator=g)
+        out = []
+        for c in classes.tolist():
+            starts = self.starts[c]
+            y, x = starts[int(torch.randint(0, len(starts), (1,), generator=g))]
+            coeffs = torch.tensor([0.5 + 0.5 * float(torch.rand(1, generator=g)),
+                                   0.3 * float(torch.randn(1, generator=g)),
+                                   0.6 * float(torch.randn(1, generator=g)),
+                                   0.6 * float(torch.randn(1, generator=g))])
+            latent = (coeffs[:, None, None, None, None] * self.basis(c, y, x)).sum(0)
+            out.append(latent + 0.02 * torch.randn(latent.shape, generator=g))
+        return torch.stack(out), classes
+
+    def context(self, cls: int | None) -> torch.Tensor:
+        """A prompt's text embedding as ComfyUI hands it to the model: (1, 512, 4096), zero past its tokens.
+        None: the negative prompt."""
+        tokens = self.negative if cls is None else self.prompts[cls]
+        out = torch.zeros(1, TEXT_ROWS, TEXT_WIDTH)
+        out[0, :len(tokens)] = tokens
+        return out
+
+    def fit(self, latent: torch.Tensor) -> dict:
+        """The nearest data template to a latent (C, F, H, W): for every class and start, the least-squares
+        amplitude and background; returns its relative L2 to the latent and its class."""
+        target = latent.reshape(-1).double()
+        best = None
+        for c in range(len(CLASSES)):
+            bases = torch.stack([self.basis(c, y, x).reshape(4, -1) for y, x in self.starts[c]]).double()
+            gram = bases @ bases.transpose(1, 2)
+            rhs = bases @ target
+            coeffs = torch.linalg.solve(gram, rhs)
+            residual = target - (coeffs[:, :, None] * bases).sum(1)
+            errors = residual.norm(dim=1) / target.norm()
+            i = int(errors.argmin())
+            if best is None or errors[i] < best[0]:
+                best = (float(errors[i]), c, self.starts[c][i])
+        return {"rel_l2": best[0], "class": best[1], "start": list(best[2])}
+
+
+# --- training ---
+
+def model_config(config: BedConfig) -> dict:
+    from devtools.tiny_wan import tiny_config
+
+    return tiny_config("t2v", num_layers=config.num_layers, dim=config.dim, ffn_dim=config.ffn_dim)
+
+
+class ShortContextAttention:
+    """Cross-attention over the prompt's token slots plus one zero row standing for all the zero rows of
+    ComfyUI's 512: zero rows give identical keys and values, so attending to n of them equals attending to one
+    with log(n) added to its logit (exact, and 40 times cheaper in the text embedding). Training only: the
+    saved experts are sampled with the real 512 rows."""
+
+    def __init__(self, zero_rows: int):
+        self.bias = math.log(zero_rows)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        query = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+        key = attn.norm_k(attn.to_k(encoder_hidden_states)).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+        value = attn.to_v(encoder_hidden_states).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+        mask = torch.zeros(1, key.shape[2], dtype=query.dtype)
+        mask[0, -1] = self.bias
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        out = out.transpose(1, 2).flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+def short_contexts(world: World, classes: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+    """(n, PROMPT_TOKENS + 1, 4096): each sample's token slots (a class prompt, or the negative's tokens then
+    zeros) and the zero row that stands for the rest of the 512."""
+    out = torch.zeros(len(classes), PROMPT_TOKENS + 1, TEXT_WIDTH)
+    for i, (c, neg) in enumerate(zip(classes.tolist(), negative.tolist())):
+        tokens = world.negative if neg else world.prompts[c]
+        out[i, :len(tokens)] = tokens
+    return out
+
+
+def draw_s(role: str, n: int, g: torch.Generator) -> torch.Tensor:
+    """Noise levels for an expert: high U[0.875, 1]; low in [0, 0.875), half uniform, half where a shift-8
+    schedule visits."""
+    u = torch.rand(n, generator=g)
+    if role == "high":
+        return BOUNDARY + (1 - BOUNDARY) * u
+    shifted = 8 * u / (1 + 7 * u) * BOUNDARY
+    uniform = u * BOUNDARY
+    pick = torch.rand(n, generator=g) < 0.5
+    return torch.where(pick, uniform, shifted).clamp(max=BOUNDARY - 1e-4)
+
+
+def flow_batch(world: World, role: str, n: int, g: torch.Generator, dropout: float):
+    """One batch in ComfyUI's convention: (x_s, timestep 1000 s, short contexts, target noise - x0)."""
+    x0, classes = world.sample(n, g)
+    negative = torch.rand(n, generator=g) < dropout
+    s = draw_s(role, n, g)
+    noise = torch.randn(x0.shape, generator=g)
+    x = s[:, None, None, None, None] * noise + (1 - s[:, None, None, None, None]) * x0
+    return x, 1000 * s, short_contexts(world, classes, negative), noise - x0
+
+
+def train_expert(role: str, config: BedConfig, log=print) -> tuple[dict, dict]:
+    """Trains one expert (one thread, deterministic for config.seed); returns (its best state dict in
+    diffusers' names, its training log)."""
+    from diffusers import WanTransformer3DModel
+
+    torch.set_num_threads(1)
+    torch.manual_seed(config.seed * 100 + (1 if role == "high" else 2))
+    model = WanTransformer3DModel(**model_config(config))
+    processor = ShortContextAttention(TEXT_ROWS - PROMPT_TOKENS)
+    for block in model.blocks:
+        block.attn2.set_processor(processor)
+    world = World(config.seed)
+    g_val = torch.Generator().manual_seed(config.seed * 100 + 50 + (1 if role == "high" else 2))
+    validation = flow_batch(world, role, config.validation, g_val, config.cfg_dropout)
+    g = torch.Generator().manual_seed(config.seed * 100 + (11 if role == "high" else 12))
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
+
+    def lr_at(step):
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+
+    def validate():
+        model.eval()
+        with torch.no_grad():
+            losses = []
+            for i in range(0, config.validation, 16):
+                x, t, ctx, v = (part[i:i + 16] for part in validation)
+                losses.append(F.mse_loss(model(x, t, ctx, return_dict=False)[0], v, reduction="sum"))
+        model.train()
+        return float(sum(losses) / validation[0].numel())
+
+    started = time.perf_counter()
+    history = [{"step": 0, "validation": validate()}]
+    best = (history[0]["validation"], 0, {k: v.clone() for k, v in model.state_dict().items()})
+    stale, step, train_losses = 0, 0, []
+    model.train()
+    while step < config.max_steps:
+        x, t, ctx, v = flow_batch(world, role, config.batch, g, config.cfg_dropout)
+        loss = F.mse_loss(model(x, t, ctx, return_dict=False)[0], v)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        train_losses.append(float(loss))
+        if step % config.eval_every == 0 or step == config.max_steps:
+            val = validate()
+            history.append({"step": step, "validation": val,
+                            "train": sum(train_losses[-config.eval_every:]) / len(train_losses[-config.eval_every:])})
+            log(f"[testbed] {role} step {step}: validation {val:.4f} ({time.perf_counter() - started:.0f} s)")
+            if val < best[0] * 0.995:
+                best, stale = (val, step, {k: v.clone() for k, v in model.state_dict().items()}), 0
+            else:
+                stale += 1
+                if stale >= config.patience:
+                    break
+    return best[2], {"role": role, "steps": step, "best_step": best[1], "best_validation": best[0],
+                     "first_validation": history[0]["validation"], "history": history,
+                     "stopped": "plateau" if step < config.max_steps else "max_steps",
+                     "seconds": round(time.perf_counter() - started, 1)}
+
+
+def expert_model(config: BedConfig, state_dict: dict):
+    """The trained expert as a diffusers model (the default attention: what ComfyUI's loader then reads)."""
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel(**model_config(config))
+    model.load_state_dict(state_dict)
+    return model.eval().requires_grad_(False)
+
+
+# --- the cache of built beds ---
+
+def script_key(path: str = SCRIPT) -> str:
+    """The bed's cache key: this script's content (any change trains anew)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def cache_root() -> str:
+    return os.environ.get("WAN22_TESTBED_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "wan22-cachedit",
+                                                                  "testbed")
+
+
+def bed_folder(key: str | None = None) -> str:
+    return os.path.join(cache_root(), key or script_key())
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Bed:
+    """A built bed: its folder, the two experts' files and its log."""
+
+    folder: str
+    log: dict
+
+    @property
+    def files(self) -> dict:
+        return {role: os.path.join(self.folder, f"{role}.safetensors") for role in ("high", "low")}
+
+
+def load_bed(folder: str | None = None) -> Bed | None:
+    folder = folder or bed_folder()
+    path = os.path.join(folder, "bed.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return Bed(folder, json.load(f))
+
+
+def build(config: BedConfig = BedConfig(), force: bool = False, folder: str | None = None, log=print) -> Bed:
+    """The bed, from the cache when this script built it on this machine before, else trained now (the two
+    experts side by side, one process and one thread each), written (training.json), then evaluated through
+    ComfyUI (bed.json). Trained experts whose evaluation did not finish are evaluated, not trained again."""
+    folder = folder or bed_folder()
+    if not force and (bed := load_bed(folder)) is not None:
+        return bed
+    os.makedirs(folder, exist_ok=True)
+    trained = os.path.join(folder, "training.json")
+    if force or not os.path.exists(trained):
+        bed_log = train_both(config, folder)
+        with open(trained, "w", encoding="utf-8") as f:
+            json.dump(bed_log, f, indent=2)
+    with open(trained, encoding="utf-8") as f:
+        bed_log = json.load(f)
+    bed = Bed(folder, bed_log)
+    bed_log["generation"] = evaluate(bed, config, log=log)
+    with open(os.path.join(folder, "bed.json"), "w", encoding="utf-8") as f:
+        json.dump(bed_log, f, indent=2)
+    log(f"[testbed] built in {bed_log['training_wall_s']:.0f} s of training: {folder}")
+    return bed
+
+
+def train_both(config: BedConfig, folder: str) -> dict:
+    """Trains the two experts in two processes of one thread each and writes them as ComfyUI single files."""
+    from devtools.tiny_wan import write_single_file
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="wan22-testbed-") as tmp:
+        procs = {}
+        for role in ("high", "low"):
+            out = os.path.join(tmp, role)
+            procs[role] = subprocess.Popen([sys.executable, "-m", "devtools.testbed", "--train-one", role, "--out", out,
+                                            "--config", json.dumps(asdict(config))], cwd=ROOT)
+        for role, proc in procs.items():
+            if proc.wait() != 0:
+                raise RuntimeError(f"training the {role}-noise expert failed (exit {proc.returncode})")
+        training = {}
+        for role in ("high", "low"):
+            state = torch.load(os.path.join(tmp, role, "weights.pt"))
+            with open(os.path.join(tmp, role, "log.json"), encoding="utf-8") as f:
+                training[role] = json.load(f)
+            write_single_file(expert_model(config, state), os.path.join(folder, f"{role}.safetensors"), "fp32")
+    return {"key": os.path.basename(folder), "config": asdict(config), "classes": CLASSES,
+            "training_wall_s": round(time.perf_counter() - started, 1), "training": training,
+            "sha256": {role: sha256_of(os.path.join(folder, f"{role}.safetensors")) for role in ("high", "low")},
+            "torch": torch.__version__, "built": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+# --- what the bed generates, through ComfyUI's own graph ---
+
+GENERATION_RUN = {"sampler": "uni_pc", "scheduler": "simple", "steps": 20, "flow_shift": 8.0,
+                  "cfg": {"high": 4.0, "low": 4.0}}
+
+
+def evaluate(bed: Bed, config: BedConfig, log=print, samples: int = 8) -> dict:
+    """Samples one latent per class (seeds 1..8) through ComfyUI's two-KSamplerAdvanced graph at CFG 4 and fits
+    each to the nearest data template: the fit (relative L2), the class it shows, and clean data's fit beside it."""
+    from bench.quality_runs import BedRuns
+
+    world = World(config.seed)
+    with tempfile.TemporaryDirectory(prefix="wan22-testbed-eval-") as base:
+        runs = BedRuns(base, bed)
+        fits = []
+        for i in range(samples):
+            cls = i % len(CLASSES)
+            latent = runs.run(GENERATION_RUN, seed=i + 1, cls=cls)
+            fit = world.fit(runs.model_space(latent)[0])
+            fits.append({"seed": i + 1, "class": cls, **fit, "right": fit["class"] == cls})
+    g = torch.Generator().manual_seed(7)
+    clean, _ = world.sample(samples, g)
+    clean_fits = [world.fit(x)["rel_l2"] for x in clean]
+    out = {"run": GENERATION_RUN, "samples": fits,
+           "template_fit_mean": sum(f["rel_l2"] for f in fits) / len(fits),
+           "template_fit_max": max(f["rel_l2"] for f in fits),
+           "class_right": sum(f["right"] for f in fits), "of": len(fits),
+           "clean_data_fit_mean": sum(clean_fits) / len(clean_fits)}
+    log(f"[testbed] samples fit a template at {out['template_fit_mean']:.3f} (mean; clean data "
+        f"{out['clean_data_fit_mean']:.3f}), class right in {out['class_right']} of {out['of']}")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--force", action="store_true", help="train again even if the cache has this bed")
+    parser.add_argument("--quick", action="store_true", help="a tiny, barely trained bed (a smoke test)")
+    parser.add_argument("--train-one", choices=("high", "low"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.train_one:  # a child of build(): one expert, one thread
+        config = BedConfig(**json.loads(args.config))
+        state, log = train_expert(args.train_one, config)
+        os.makedirs(args.out, exist_ok=True)
+        torch.save(state, os.path.join(args.out, "weights.pt"))
+        with open(os.path.join(args.out, "log.json"), "w", encoding="utf-8") as f:
+            json.dump(log, f)
+        return 0
+    config = QUICK if args.quick else BedConfig()
+    folder = bed_folder(script_key() + ("-quick" if args.quick else ""))
+    bed = build(config, force=args.force, folder=folder)
+    print(json.dumps({k: v for k, v in bed.log.items() if k != "training"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    raise SystemExit(main())
+
