@@ -3,6 +3,7 @@
 from comfy_api.latest import ComfyExtension, io
 
 from .bridge_nodes import Wan22ExpertsFromModel
+from .budget_nodes import Wan22CacheBudget
 from .cache_nodes import Wan22CacheDiT, Wan22CacheDiTModel
 from .loader_nodes import Wan22DiffusersExpertLoader, Wan22ExpertLoader
 from .lora_nodes import Wan22LoraLoader
@@ -18,5 +19,5 @@ class Wan22CacheDiTExtension(ComfyExtension):
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22ExpertsFromModel, Wan22LoraLoader, Wan22Schedule,
-                Wan22LeadStage, Wan22CacheDiT, Wan22CacheDiTModel, Wan22TextEncode,
+                Wan22LeadStage, Wan22CacheDiT, Wan22CacheDiTModel, Wan22CacheBudget, Wan22TextEncode,
                 Wan22TwoStageSampler, Wan22ParallelPlan]

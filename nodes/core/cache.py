@@ -21,6 +21,7 @@ CALIBRATORS = ("none", "taylorseer")
 class ExpertCacheSettings:
     warmup_steps: int  # evaluations computed in full before caching may start
     max_cached_steps: int  # -1: no limit; 0: never cache on this expert
+    residual_diff_threshold: float | None = None  # this expert's own (an error budget's calibration); None: the plan's
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,14 @@ class CachePlan:
     high: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=4, max_cached_steps=-1)
     low: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=2, max_cached_steps=20)
     calibrator: str = "none"
+    error_budget: float | None = None  # the budget the per-expert thresholds were calibrated for, if any
 
     def settings(self, role: str) -> ExpertCacheSettings:
         return self.high if role == "high" else self.low
+
+    def threshold(self, role: str) -> float:
+        own = self.settings(role).residual_diff_threshold
+        return self.residual_diff_threshold if own is None else own
 
     def node_inputs(self) -> dict:
         """The plan as the Cache-DiT node's inputs (`enabled` aside): where workflows and tests read the
@@ -69,6 +75,9 @@ class CachePlan:
             s = self.settings(role)
             if s.warmup_steps < 0:
                 raise Wan22InputError(f"{role}_warmup_steps", f"{s.warmup_steps} must be 0 or more")
+            if s.residual_diff_threshold is not None and not s.residual_diff_threshold > 0:
+                raise Wan22InputError("error_budget", f"the {ROLE_WORDS[role]} expert's calibrated threshold "
+                                                      f"{s.residual_diff_threshold} must be greater than 0")
             if s.max_cached_steps < -1:
                 raise Wan22InputError(f"{role}_max_cached_steps", f"{s.max_cached_steps}: use -1 for no limit, "
                                                                   "or 0 or more")
@@ -88,7 +97,7 @@ class CachePlan:
         s = self.settings(role)
         # A full config every time: a `.reset()` config cannot be a base config.
         return DBCacheConfig(Fn_compute_blocks=self.first_compute_blocks, Bn_compute_blocks=self.last_compute_blocks,
-                             residual_diff_threshold=self.residual_diff_threshold, max_warmup_steps=s.warmup_steps,
+                             residual_diff_threshold=self.threshold(role), max_warmup_steps=s.warmup_steps,
                              warmup_interval=1, max_cached_steps=s.max_cached_steps,
                              max_continuous_cached_steps=self.max_continuous_cached_steps,
                              enable_separate_cfg=separate_cfg, cfg_compute_first=False,
@@ -108,7 +117,8 @@ class CachePlan:
         return text + ("_T1" if self.calibrator == "taylorseer" else "")
 
     def summary(self) -> str:
-        return f"high {self.strify('high')}, low {self.strify('low')}"
+        budget = "" if self.error_budget is None else f" (error budget {self.error_budget:g})"
+        return f"high {self.strify('high')}, low {self.strify('low')}{budget}"
 
 
 # --- how many transformer evaluations an expert makes in its stage (what its context is sized with) ---
@@ -189,7 +199,8 @@ def statistics(plan: CachePlan, role: str, summary, config: str, evaluations: in
         "cached_steps": sorted(int(s) for s in (summary.cached_steps if summary else [])),
         "cfg_cached_steps": sorted(int(s) for s in (summary.cfg_cached_steps if summary else [])),
         "residual_diffs": {str(k): round(float(v), 5) for k, v in (summary.residual_diffs if summary else {}).items()},
-        "threshold": plan.residual_diff_threshold,
+        "threshold": plan.threshold(role),
+        "error_budget": plan.error_budget,
         "blocks_skipped_per_cached_forward": layers - plan.first_compute_blocks - plan.last_compute_blocks,
         "skippable_steps": skippable_steps(plan, role, evaluations),
         "note": skip_note(plan, role, evaluations),

@@ -10,7 +10,7 @@ from .prompts import (bridged, diffusers_loader, expert_files, failed_at_run, in
                       run_ok, schedule, schedule_prompt, split_of, text_folder)
 
 NODE_IDS = ("Wan22ExpertLoader", "Wan22DiffusersExpertLoader", "Wan22ExpertsFromModel", "Wan22Schedule",
-            "Wan22CacheDiT", "Wan22TwoStageSampler", "Wan22TextEncode", "Wan22LoraLoader")
+            "Wan22CacheDiT", "Wan22CacheBudget", "Wan22TwoStageSampler", "Wan22TextEncode", "Wan22LoraLoader")
 
 
 def simple_split(steps, shift, boundary):

@@ -1,0 +1,115 @@
+"""An error budget instead of a threshold: the per-expert thresholds that keep a run's final latent within a
+relative L2 the user states, found by measuring on one calibration run.
+
+The search is pure: it is handed `measure(thresholds) -> Trial`, which runs the calibration run with those
+per-expert thresholds (None: that expert uncached) and compares its final latent with the uncached one. Each
+expert first gets its own share of the budget, found alone (the other expert uncached) by bisection on a
+ladder of thresholds; then both run together, and while that misses the target, the expert that costs more
+alone steps one rung down. The target is the budget times a margin, since a calibration seed is one sample
+of the seeds the settings will then run with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import Wan22InputError
+
+# Thresholds tried, 0.01 to about 0.87, each 1.25 times the last: a step is cached while the first blocks'
+# residual changed less than this (relative L1) since the last computed step.
+LADDER = tuple(round(0.01 * 1.25 ** k, 5) for k in range(21))
+MARGIN = 0.7  # calibrate to this share of the budget: other seeds and prompts land around the calibration's error
+MAX_BUDGET = 1.0
+
+
+@dataclass(frozen=True)
+class Trial:
+    thresholds: dict  # role -> threshold, or None (uncached)
+    error: float  # relative L2 of the final latent against the uncached run
+    block_forwards: int  # transformer blocks run, over the whole run
+
+
+@dataclass
+class Calibration:
+    budget: float
+    target: float
+    thresholds: dict  # role -> the threshold chosen, or None (that expert uncached)
+    error: float  # what the chosen thresholds cost on the calibration run
+    block_forwards: int
+    uncached_block_forwards: int
+    trials: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        used = ", ".join(f"{role} {'uncached' if t is None else f'threshold {t:g}'}"
+                         for role, t in self.thresholds.items())
+        return (f"error budget {self.budget:g} (calibrated to {self.target:.3g}): {used}; calibration run error "
+                f"{self.error:.4f}, blocks {self.block_forwards}/{self.uncached_block_forwards} "
+                f"({100 * (1 - self.block_forwards / self.uncached_block_forwards):.0f}% saved), "
+                f"{len(self.trials)} calibration runs")
+
+
+def check_budget(budget: float) -> float:
+    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 <= budget <= MAX_BUDGET):
+        raise Wan22InputError("error_budget", f"{budget!r} must be between 0 (cache nothing) and {MAX_BUDGET:g} "
+                                              "(a relative L2 of the final latent against the uncached run; 0.03 "
+                                              "is a small change)")
+    return float(budget)
+
+
+def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], Trial], uncached_block_forwards: int,
+              margin: float = MARGIN) -> Calibration:
+    """The per-expert thresholds for `budget` (see the module's text). A budget of 0 caches nothing and runs
+    nothing; a budget no cached step fits in is refused, naming error_budget."""
+    budget = check_budget(budget)
+    if budget == 0:
+        return Calibration(budget, 0.0, {role: None for role in roles}, 0.0, uncached_block_forwards,
+                           uncached_block_forwards)
+    target = budget * margin
+    trials: list[Trial] = []
+
+    def run(thresholds: dict) -> Trial:
+        trial = measure(dict(thresholds))
+        trials.append(trial)
+        return trial
+
+    share = target / math.sqrt(len(roles))
+    rung, solo = {}, {}  # each expert's rung alone, and what it costs alone
+    for role in roles:
+        alone = {r: None for r in roles}
+        lo, hi = -1, len(LADDER)  # LADDER[lo] fits (or nothing does), LADDER[hi] does not (or past the end)
+        solo[role] = 0.0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            error = run({**alone, role: LADDER[mid]}).error
+            if error <= share:
+                lo, solo[role] = mid, error
+            else:
+                hi = mid
+        rung[role] = lo
+    while True:
+        thresholds = {role: LADDER[i] if i >= 0 else None for role, i in rung.items()}
+        if all(t is None for t in thresholds.values()):
+            break
+        trial = run(thresholds)
+        if trial.error <= target:
+            break
+        worst = max((role for role in roles if rung[role] >= 0), key=lambda role: solo[role])
+        rung[worst] -= 1
+        solo[worst] *= 0.5  # one rung down costs less; the other expert steps down next if this is not enough
+    final = trials[-1] if trials and trials[-1].thresholds == thresholds else Trial(thresholds, 0.0,
+                                                                                   uncached_block_forwards)
+    if final.block_forwards >= uncached_block_forwards:
+        cheapest = min((t for t in trials if t.block_forwards < uncached_block_forwards), key=lambda t: t.error,
+                       default=None)
+        if cheapest is None:
+            raise Wan22InputError("error_budget", f"{budget:g}: this run has no step the cache could skip (its "
+                                                  "steps are all warm-up or capped): lower the warm-up steps, or "
+                                                  "leave Cache-DiT off")
+        raise Wan22InputError("error_budget", f"{budget:g} cannot be met: the smallest change any threshold made "
+                                              f"on this run is {cheapest.error:.4f} (with margin {margin:g}, the "
+                                              f"budget allows {target:.4f}); raise error_budget, set it to 0 to "
+                                              "cache nothing, or leave Cache-DiT off")
+    return Calibration(budget, target, thresholds, final.error, final.block_forwards, uncached_block_forwards,
+                       trials)

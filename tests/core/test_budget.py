@@ -1,0 +1,86 @@
+"""The error budget's search, without ComfyUI: measured runs stood in for by an error that grows with each
+expert's threshold, as a cache's does."""
+
+import math
+
+import pytest
+
+from wan22_cachedit.nodes.core import budget as B
+from wan22_cachedit.nodes.core.errors import Wan22InputError
+
+UNCACHED = 1000
+
+
+def stand_in(cost: dict, floor: dict | None = None):
+    """measure(): each expert adds cost[role] * threshold to the error (in quadrature) and saves blocks as its
+    threshold grows; below floor[role] it caches nothing at all."""
+    floor = floor or {}
+    calls = []
+
+    def measure(thresholds):
+        calls.append(dict(thresholds))
+        error, saved = 0.0, 0
+        for role, t in thresholds.items():
+            if t is None or t < floor.get(role, 0.0):
+                continue
+            error += (cost[role] * t) ** 2
+            saved += int(400 * min(t, 1.0))
+        return B.Trial(thresholds, math.sqrt(error), UNCACHED - saved)
+    return measure, calls
+
+
+def test_a_budget_of_zero_caches_nothing_and_runs_nothing():
+    measure, calls = stand_in({"high": 1.0, "low": 1.0})
+    result = B.calibrate(0.0, ("high", "low"), measure, UNCACHED)
+    assert result.thresholds == {"high": None, "low": None} and calls == []
+
+
+def test_the_calibrated_thresholds_meet_the_budget_with_its_margin_on_the_calibration_run():
+    measure, _ = stand_in({"high": 0.5, "low": 0.2})
+    for budget in (0.01, 0.03, 0.05):
+        result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
+        assert result.error <= budget * B.MARGIN
+        assert measure(result.thresholds).error == pytest.approx(result.error)
+        assert all(t is None or t in B.LADDER for t in result.thresholds.values())
+
+
+def test_a_larger_budget_buys_larger_thresholds_and_fewer_block_forwards():
+    measure, _ = stand_in({"high": 0.5, "low": 0.2})
+    results = [B.calibrate(b, ("high", "low"), measure, UNCACHED) for b in (0.01, 0.03, 0.05)]
+    forwards = [r.block_forwards for r in results]
+    assert forwards[0] > forwards[1] > forwards[2]
+    for role in ("high", "low"):
+        thresholds = [r.thresholds[role] or 0.0 for r in results]  # None: uncached
+        assert thresholds == sorted(thresholds) and thresholds[-1] > 0
+
+
+def test_the_expert_that_costs_less_per_threshold_gets_the_larger_threshold():
+    measure, _ = stand_in({"high": 1.0, "low": 0.1})
+    result = B.calibrate(0.05, ("high", "low"), measure, UNCACHED)
+    assert result.thresholds["low"] > result.thresholds["high"]
+
+
+def test_one_expert_alone_is_calibrated_alone():
+    measure, calls = stand_in({"low": 0.3})
+    result = B.calibrate(0.03, ("low",), measure, UNCACHED)
+    assert set(result.thresholds) == {"low"} and result.thresholds["low"] is not None
+    assert all(set(c) == {"low"} for c in calls)
+
+
+def test_a_budget_no_cached_step_fits_in_is_refused_naming_error_budget():
+    measure, _ = stand_in({"high": 100.0, "low": 100.0})
+    with pytest.raises(Wan22InputError, match=r"^error_budget: 0.001 cannot be met") as refused:
+        B.calibrate(0.001, ("high", "low"), measure, UNCACHED)
+    assert "set it to 0 to cache nothing" in str(refused.value)
+
+
+def test_a_run_with_nothing_to_cache_is_refused_naming_error_budget():
+    measure, _ = stand_in({"high": 1.0, "low": 1.0}, floor={"high": 9.0, "low": 9.0})
+    with pytest.raises(Wan22InputError, match=r"^error_budget: .*no step the cache could skip"):
+        B.calibrate(0.05, ("high", "low"), measure, UNCACHED)
+
+
+@pytest.mark.parametrize("budget", [-0.01, 1.5, float("nan"), float("inf"), "0.03", None])
+def test_a_budget_out_of_range_is_refused_naming_error_budget(budget):
+    with pytest.raises(Wan22InputError, match=r"^error_budget: "):
+        B.check_budget(budget)
