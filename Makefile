@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow test-fuzz demo bench clean distclean
+.PHONY: setup test test-slow test-fuzz demo bench quality clean distclean
 
 setup:
 	@bash devtools/setup.sh
@@ -23,16 +23,23 @@ test-fuzz: setup
 demo: setup
 	$(PY) -m devtools.demo
 
-# Benchmarks and the endurance run: not part of `make test`. Results under bench/results/.
-bench: setup
+# Benchmarks and the endurance run: not part of `make test`. Results under bench/results/. `make quality` builds
+# the trained test bed once per machine (devtools/testbed.py, cached outside the clone) and measures on it.
+bench: setup quality
 	$(PY) -m bench.run
 	$(PY) -m bench.endurance
 	$(PY) -m bench.few_steps
 	$(PY) -m bench.compile
 	$(PY) -m bench.parallel
 
+quality: setup
+	$(PY) -m bench.quality
+
 clean:
 	rm -rf .demo .pytest_cache
 
-distclean: clean
+distquality: setup
+	$(PY) -m bench.quality
+
+clean: clean
 	rm -rf .venv .comfyui .frontends

@@ -1,0 +1,94 @@
+"""Runs on the trained test bed (devtools/testbed.py): its two experts loaded by ComfyUI's own loader into a
+ComfyUI in this process, sampled through the official template's graph of ComfyUI's own nodes (per expert
+MODEL -> [cache node] -> ModelSamplingSD3 -> KSamplerAdvanced: high from step 0 to the switch with its leftover
+noise, low from the switch to the end), or through the pack's sampler, with a class's prompt and the negative
+as the bed's data world defines them."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from bench.common import ROOT  # noqa: F401  (puts the checkout on sys.path)
+
+LATENT = (1, 16, 3, 12, 12)  # the bed's latent: 3 latent frames of 12 x 12 (a 96 x 96 x 9 video)
+_HARNESS = {}  # one ComfyUI per process (ComfyUI's server and node registry are process-wide)
+
+
+def harness(base: str):
+    from devtools.comfy_inprocess import InProcessComfy
+
+    if "comfy" not in _HARNESS:
+        _HARNESS["comfy"] = InProcessComfy(base)
+        import comfy.utils
+
+        comfy.utils.set_progress_bar_enabled(False)
+    return _HARNESS["comfy"]
+
+
+class BedRuns:
+    """The bed's experts (role -> MODEL, loaded once) and the runs a benchmark makes on them."""
+
+    def __init__(self, base: str, bed):
+        from devtools.testbed import World
+
+        self.comfy = harness(base)
+        import comfy.sd
+
+        key = ("models", bed.folder)
+        if key not in _HARNESS:
+            _HARNESS[key] = {role: comfy.sd.load_diffusion_model(path) for role, path in bed.files.items()}
+        self.models = _HARNESS[key]
+        self.world = World(bed.log["config"]["seed"])
+        self.engine = self.comfy.pack("nodes.engine")
+        self.experts = self.comfy.pack("nodes.expert_models").experts_handle(self.models)
+        self.latent = {"samples": torch.zeros(LATENT)}
+
+    def schedule(self, run: dict):
+        return self.comfy.pack("nodes.sigmas").build_schedule(
+            has_high=True, has_low=True, model_default=self.experts.default_boundary, sampler=run["sampler"],
+            scheduler=run["scheduler"], steps=run["steps"], flow_shift=run["flow_shift"])
+
+    def conditioning(self, cls: int) -> tuple[list, list]:
+        return [[self.world.context(cls), {}]], [[self.world.context(None), {}]]
+
+    def run(self, run: dict, seed: int, cls: int, patch=None) -> torch.Tensor:
+        """The final latent of the template's graph (`patch(role, MODEL) -> MODEL`: a cache node on each expert,
+        where the template's graph would have it)."""
+        import nodes
+
+        models = self.models if patch is None else {role: patch(role, m) for role, m in self.models.items()}
+        models = {role: self.engine.shifted(m, run["flow_shift"]) for role, m in models.items()}
+        positive, negative = self.conditioning(cls)
+        switch = self.schedule(run).high_steps
+        common = (seed, run["steps"])
+        first = nodes.common_ksampler(models["high"], *common, run["cfg"]["high"], run["sampler"], run["scheduler"],
+                                      positive, negative, self.latent, denoise=1.0, disable_noise=False,
+                                      start_step=0, last_step=switch, force_full_denoise=False)[0]
+        return nodes.common_ksampler(models["low"], *common, run["cfg"]["low"], run["sampler"], run["scheduler"],
+                                     positive, negative, first, denoise=1.0, disable_noise=True, start_step=switch,
+                                     last_step=10000, force_full_denoise=True)[0]["samples"]
+
+    def model_space(self, latent: torch.Tensor) -> torch.Tensor:
+        """A latent as the transformer sees it (Wan21.process_in): where the bed's data and templates live."""
+        return self.models["low"].model.latent_format.process_in(latent)
+
+    def ours(self, run: dict, seed: int, cls: int, plan=None):
+        """The pack's two-stage sampler on the bed: (final latent, run record)."""
+        positive, negative = self.conditioning(cls)
+        experts = self.experts.replace(cache_plan=plan)
+        latent, record = self.engine.sample(experts, self.schedule(run), positive, negative, self.latent, seed,
+                                            dict(run["cfg"]))
+        return latent["samples"], record
+
+
+def bed_base() -> str:
+    """A ComfyUI base folder for bed runs (nothing is written to it but what ComfyUI makes itself)."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="wan22-bed-")
+
+
+def expert_files_exist(bed) -> bool:
+    return all(os.path.exists(path) for path in bed.files.values())
