@@ -62,7 +62,7 @@ VARIANTS = {  # our variants: (thresholds, node inputs over the defaults, per ex
     "ours_taylorseer": (OURS_FEW, {"calibrator": "taylorseer"}, {}),
     "ours_f2": (OURS_FEW, {"first_compute_blocks": 2}, {}),
 }
-LABELS = {"ours": "Cache-DiT (node defaults but the threshold)", "ours_warmup1": "Cache-DiT, warm-up 1",
+LABELS = {"ours": "Cache-DiT, threshold swept (the rest at the defaults)", "ours_warmup1": "Cache-DiT, warm-up 1",
           "ours_uncapped": "Cache-DiT, caps lifted", "ours_taylorseer": "Cache-DiT + TaylorSeer",
           "ours_f2": "Cache-DiT, 2 first compute blocks", "easycache": "ComfyUI EasyCache",
           "lazycache": "ComfyUI LazyCache", "budget": "Cache-DiT Error Budget (calibrated elsewhere)"}
@@ -281,6 +281,89 @@ def chart(results: list, path: str, title: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def bed_line(bed: dict) -> str:
+    gen, losses = bed["generation"], bed["losses"]
+    return (f"Bed `{bed['key']}`: {bed['config']['num_layers']} layers, trained {bed['training_wall_s']:.0f} s; "
+            f"validation loss high {losses['high']['first_validation']:.3f} -> "
+            f"{losses['high']['best_validation']:.3f}, low {losses['low']['first_validation']:.3f} -> "
+            f"{losses['low']['best_validation']:.3f}; samples fit a template at {gen['template_fit_mean']:.3f} "
+            f"(clean data {gen['clean_data_fit_mean']:.3f}, noise 1.0), class right in {gen['class_right']} of "
+            f"{gen['of']} at CFG 4.")
+
+
+def write(name: str, out: dict) -> None:
+    """bench/results/{name}.json, .md (the bed, the table, the checks) and .png; printed too."""
+    results = out["step_counts"]
+    out["checks"] = held = checks(results)
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, f"{name}.json"), "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2, default=str)
+    text = table(results)
+    check_lines = "\n".join(["| check | measured | holds |", "|---|---|---|"] +
+                            [f"| {c['check']} | {c['value']} | {'yes' if c['holds'] else 'NO'} |" for c in held])
+    note = out.get("note", "")
+    with open(os.path.join(RESULTS, f"{name}.md"), "w", encoding="utf-8") as f:
+        f.write(f"# Quality on the trained test bed (cpu)\n\n{bed_line(out['bed'])}\n\n{text}\n\n{check_lines}\n\n"
+                f"{note}Plot: `{name}.png`. Config: `{json.dumps(out['config'])}`\n")
+    chart(results, os.path.join(RESULTS, f"{name}.png"),
+          "Caches on the trained tiny Wan2.2 bed: block cost against error (median of "
+          f"{len(CASES)} seeds x classes, CPU)")
+    print(bed_line(out["bed"]))
+    print(text)
+    print(check_lines)
+    print(f"[quality] written: {os.path.join(RESULTS, name)}.json, .md, .png")
+
+
+def render(name: str) -> None:
+    """Writes a measured result again with the Cache-DiT node's current defaults: their point is the swept point
+    with the same settings (the defaults changed their threshold only, to one the sweep measured)."""
+    from devtools.paths import import_pack
+
+    import_pack()
+    from wan22_cachedit.nodes.core.cache import CachePlan
+
+    with open(os.path.join(RESULTS, f"{name}.json"), encoding="utf-8") as f:
+        out = json.load(f)
+    defaults = CachePlan().node_inputs()
+    others = {k: v for k, v in defaults.items() if k != "residual_diff_threshold"}
+    if others != {k: v for k, v in out["config"]["defaults"].items() if k != "residual_diff_threshold"}:
+        raise SystemExit("the defaults changed more than their threshold: measure again")
+    threshold = defaults["residual_diff_threshold"]
+    for r in out["step_counts"]:
+        swept = next((p for p in r["points"] if p["method"] == "ours" and p["threshold"] == threshold), None)
+        if swept is None:
+            raise SystemExit(f"threshold {threshold} was not swept: measure again")
+        r["points"] = [p for p in r["points"] if p["method"] != "defaults"] + [{**swept, "method": "defaults"}]
+    out["config"]["defaults"] = defaults
+    out["note"] = (f"The defaults' point is the swept point at threshold {threshold:g} with the other inputs at "
+                   "the defaults (the same settings).\n\n")
+    write(name, out)
+
+
+def in_parts(step_counts: list, args) -> tuple[list, dict]:
+    """The step counts measured by `args.jobs` child processes side by side (the longest alone), merged."""
+    import subprocess
+    import sys
+    import tempfile
+
+    ordered = sorted(step_counts, reverse=True)
+    groups = [[ordered[0]], ordered[1:]] if args.jobs == 2 else [ordered[i::args.jobs] for i in range(args.jobs)]
+    with tempfile.TemporaryDirectory(prefix="wan22-quality-parts-") as tmp:
+        procs = []
+        for i, group in enumerate(g for g in groups if g):
+            part = os.path.join(tmp, f"part{i}.json")
+            command = [sys.executable, "-m", "bench.quality", "--part", part, "--steps", *map(str, group)]
+            procs.append((part, subprocess.Popen(command + (["--quick"] if args.quick else []), cwd=ROOT)))
+        parts = []
+        for part, proc in procs:
+            if proc.wait() != 0:
+                raise RuntimeError(f"a part of the benchmark failed (exit {proc.returncode})")
+            with open(part, encoding="utf-8") as f:
+                parts.append(json.load(f))
+    by_steps = {r["steps"]: r for part in parts for r in part["step_counts"]}
+    return [by_steps[s] for s in step_counts], parts[0]["defaults"]
+
+
 def main() -> int:
     import tempfile
 
@@ -291,7 +374,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, nargs="+", choices=list(RUNS), help="step counts (default: all)")
     parser.add_argument("--quick", action="store_true", help="smoke test: a quick bed, a few points, 4 and 20 steps")
     parser.add_argument("--out", default=None, help="result name (default quality, or quality_quick)")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="processes of one thread each, the step counts shared out (40 steps alone)")
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # a child of --jobs: write its step counts here
+    parser.add_argument("--render", action="store_true",
+                        help="write the last result again with the node's current defaults (no runs)")
     args = parser.parse_args()
+    if args.render:
+        render(args.out or ("quality_quick" if args.quick else "quality"))
+        return 0
     torch.set_num_threads(1)
     started = time.perf_counter()
     config = testbed.QUICK if args.quick else testbed.BedConfig()
@@ -299,16 +390,22 @@ def main() -> int:
     bed = testbed.build(config, folder=folder)  # once per machine: from the cache after the first time
     step_counts = args.steps or ([4, 20] if args.quick else list(RUNS))
     logging.getLogger().setLevel(logging.WARNING)
-    runs = BedRuns(tempfile.mkdtemp(prefix="wan22-quality-"), bed)
-    counter, methods = BlockCounter(runs.models), Methods(runs.comfy)
-    defaults = runs.comfy.pack("nodes.core.cache").CachePlan().node_inputs()
-    runs.run({**LORA_RUN, "steps": 4}, 1, 0)  # untimed: first calls
-    results = []
-    for steps in step_counts:
-        begun = time.perf_counter()
-        results.append(measure_steps(runs, counter, methods, defaults, steps, args.quick, print))
-        print(f"[quality] {steps} steps in {time.perf_counter() - begun:.0f} s", flush=True)
-    held = checks(results)
+    if args.jobs > 1 and len(step_counts) > 1 and not args.part:
+        results, defaults = in_parts(step_counts, args)
+    else:
+        runs = BedRuns(tempfile.mkdtemp(prefix="wan22-quality-"), bed)
+        counter, methods = BlockCounter(runs.models), Methods(runs.comfy)
+        defaults = runs.comfy.pack("nodes.core.cache").CachePlan().node_inputs()
+        runs.run({**LORA_RUN, "steps": 4}, 1, 0)  # untimed: first calls
+        results = []
+        for steps in step_counts:
+            begun = time.perf_counter()
+            results.append(measure_steps(runs, counter, methods, defaults, steps, args.quick, print))
+            print(f"[quality] {steps} steps in {time.perf_counter() - begun:.0f} s", flush=True)
+        if args.part:
+            with open(args.part, "w", encoding="utf-8") as f:
+                json.dump({"step_counts": results, "defaults": defaults}, f, default=str)
+            return 0
     bed_summary = {k: bed.log[k] for k in ("key", "config", "training_wall_s", "sha256", "generation")}
     bed_summary["losses"] = {role: {k: t[k] for k in ("first_validation", "best_validation", "best_step", "steps",
                                                        "stopped", "seconds")}
@@ -316,33 +413,9 @@ def main() -> int:
     run_config = {"cases": CASES, "calibration": CALIBRATION, "quick": args.quick, "threads": 1,
                   "wall_s": round(time.perf_counter() - started, 1), "torch": torch.__version__,
                   "machine": platform.machine(), "cpu_count": os.cpu_count(), "defaults": defaults}
-    name = args.out or ("quality_quick" if args.quick else "quality")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{name}.json"), "w", encoding="utf-8") as f:
-        json.dump({"config": run_config, "bed": bed_summary, "step_counts": results, "checks": held}, f, indent=2,
-                  default=str)
-    text = table(results)
-    check_lines = "\n".join(["| check | measured | holds |", "|---|---|---|"] +
-                            [f"| {c['check']} | {c['value']} | {'yes' if c['holds'] else 'NO'} |" for c in held])
-    gen = bed.log["generation"]
-    bed_line = (f"Bed `{bed.log['key']}`: {bed.log['config']['num_layers']} layers, trained "
-                f"{bed.log['training_wall_s']:.0f} s; validation loss high "
-                f"{bed.log['training']['high']['first_validation']:.3f} -> "
-                f"{bed.log['training']['high']['best_validation']:.3f}, low "
-                f"{bed.log['training']['low']['first_validation']:.3f} -> "
-                f"{bed.log['training']['low']['best_validation']:.3f}; samples fit a template at "
-                f"{gen['template_fit_mean']:.3f} (clean data {gen['clean_data_fit_mean']:.3f}, noise 1.0), class "
-                f"right in {gen['class_right']} of {gen['of']} at CFG 4.")
-    with open(os.path.join(RESULTS, f"{name}.md"), "w", encoding="utf-8") as f:
-        f.write(f"# Quality on the trained test bed (cpu)\n\n{bed_line}\n\n{text}\n\n{check_lines}\n\n"
-                f"Plot: `{name}.png`. Config: `{json.dumps(run_config)}`\n")
-    chart(results, os.path.join(RESULTS, f"{name}.png"),
-          "Caches on the trained tiny Wan2.2 bed: block cost against error (median of "
-          f"{len(CASES)} seeds x classes, CPU)")
-    print(bed_line)
-    print(text)
-    print(check_lines)
-    print(f"[quality] {time.perf_counter() - started:.0f} s; written: {os.path.join(RESULTS, name)}.json, .md, .png")
+    write(args.out or ("quality_quick" if args.quick else "quality"),
+          {"config": run_config, "bed": bed_summary, "step_counts": results})
+    print(f"[quality] {time.perf_counter() - started:.0f} s")
     return 0
 
 
