@@ -68,26 +68,41 @@ def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], T
                            uncached_block_forwards)
     target = budget * margin
     trials: list[Trial] = []
+    seen: dict = {}
 
     def run(thresholds: dict) -> Trial:
-        trial = measure(dict(thresholds))
-        trials.append(trial)
-        return trial
+        key = tuple(sorted(thresholds.items()))
+        if key not in seen:  # the same settings give the same run: measured once
+            seen[key] = measure(dict(thresholds))
+            trials.append(seen[key])
+        return seen[key]
 
-    share = target / math.sqrt(len(roles))
-    rung, solo = {}, {}  # each expert's rung alone, and what it costs alone
-    for role in roles:
-        alone = {r: None for r in roles}
-        lo, hi = -1, len(LADDER)  # LADDER[lo] fits (or nothing does), LADDER[hi] does not (or past the end)
-        solo[role] = 0.0
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            error = run({**alone, role: LADDER[mid]}).error
-            if error <= share:
-                lo, solo[role] = mid, error
-            else:
-                hi = mid
-        rung[role] = lo
+    rung = {role: -1 for role in roles}  # each expert's rung alone (-1: none fits), and what it costs alone
+    solo = {role: 0.0 for role in roles}
+    active = list(roles)
+    while active:
+        share = target / math.sqrt(len(active))
+        for role in active:
+            alone = {r: None for r in roles}
+            lo, hi = rung[role], len(LADDER)  # LADDER[lo] fits (or none does), LADDER[hi] does not (or past the end)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                error = run({**alone, role: LADDER[mid]}).error
+                if error <= share:
+                    lo, solo[role] = mid, error
+                else:
+                    hi = mid
+            rung[role] = lo
+        fitting = [role for role in active if rung[role] >= 0]
+        if len(fitting) == len(active) or len(active) == 1:
+            break
+        if fitting:  # an expert that cannot cache within its share leaves the budget to the others
+            active = fitting
+            continue
+        # none fits a share: the one whose cheapest cached run costs least gets the whole target
+        costs = {role: min((t.error for t in trials if t.thresholds[role] is not None), default=math.inf)
+                 for role in active}
+        active = [min(active, key=lambda role: costs[role])]
     while True:
         thresholds = {role: LADDER[i] if i >= 0 else None for role, i in rung.items()}
         if all(t is None for t in thresholds.values()):
@@ -98,8 +113,8 @@ def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], T
         worst = max((role for role in roles if rung[role] >= 0), key=lambda role: solo[role])
         rung[worst] -= 1
         solo[worst] *= 0.5  # one rung down costs less; the other expert steps down next if this is not enough
-    final = trials[-1] if trials and trials[-1].thresholds == thresholds else Trial(thresholds, 0.0,
-                                                                                   uncached_block_forwards)
+    final = (run(thresholds) if any(t is not None for t in thresholds.values())
+             else Trial(thresholds, 0.0, uncached_block_forwards))
     if final.block_forwards >= uncached_block_forwards:
         cheapest = min((t for t in trials if t.block_forwards < uncached_block_forwards), key=lambda t: t.error,
                        default=None)

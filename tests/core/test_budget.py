@@ -84,3 +84,20 @@ def test_a_run_with_nothing_to_cache_is_refused_naming_error_budget():
 def test_a_budget_out_of_range_is_refused_naming_error_budget(budget):
     with pytest.raises(Wan22InputError, match=r"^error_budget: "):
         B.check_budget(budget)
+
+
+def test_an_expert_that_cannot_cache_within_its_share_leaves_the_budget_to_the_other():
+    """Each expert alone costs more than half the budget at its smallest threshold, one of them less than all
+    of it: that one caches, alone, within the budget."""
+    measure, _ = stand_in({"high": 1.0, "low": 0.6}, floor={"high": 0.0, "low": 0.0})
+    budget = 0.01
+    result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
+    assert result.thresholds["high"] is None and result.thresholds["low"] is not None
+    assert result.error <= budget * B.MARGIN
+
+
+def test_each_setting_is_measured_once():
+    measure, calls = stand_in({"high": 0.5, "low": 0.2})
+    B.calibrate(0.05, ("high", "low"), measure, UNCACHED)
+    keys = [tuple(sorted(c.items())) for c in calls]
+    assert len(keys) == len(set(keys))
