@@ -340,6 +340,27 @@ def render(name: str) -> None:
     write(name, out)
 
 
+def remeasure_budgets(args) -> None:
+    """The budgets of the last result measured again at --steps (after a change to the budget's search)."""
+    import tempfile
+
+    from devtools import testbed
+    from bench.quality_runs import BedRuns
+
+    name = args.out or ("quality_quick" if args.quick else "quality")
+    with open(os.path.join(RESULTS, f"{name}.json"), encoding="utf-8") as f:
+        out = json.load(f)
+    bed = testbed.load_bed(testbed.bed_folder(testbed.script_key() + ("-quick" if args.quick else "")))
+    runs = BedRuns(tempfile.mkdtemp(prefix="wan22-quality-"), bed)
+    counter = BlockCounter(runs.models)
+    for r in out["step_counts"]:
+        if args.steps and r["steps"] in args.steps:
+            run = {**RUNS[r["steps"]], "steps": r["steps"]}
+            r["points"] = ([p for p in r["points"] if p["method"] != "budget"]
+                           + measure_budgets(runs, counter, run, args.quick, print))
+    write(name, out)
+
+
 def in_parts(step_counts: list, args) -> tuple[list, dict]:
     """The step counts measured by `args.jobs` child processes side by side (the longest alone), merged."""
     import subprocess
@@ -377,11 +398,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2,
                         help="processes of one thread each, the step counts shared out (40 steps alone)")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child of --jobs: write its step counts here
+    parser.add_argument("--budgets", action="store_true",
+                        help="measure the error budgets again (--steps) into the last result, the rest kept")
     parser.add_argument("--render", action="store_true",
                         help="write the last result again with the node's current defaults (no runs)")
     args = parser.parse_args()
     if args.render:
         render(args.out or ("quality_quick" if args.quick else "quality"))
+        return 0
+    if args.budgets:
+        remeasure_budgets(args)
         return 0
     torch.set_num_threads(1)
     started = time.perf_counter()

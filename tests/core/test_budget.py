@@ -89,8 +89,8 @@ def test_a_budget_out_of_range_is_refused_naming_error_budget(budget):
 def test_an_expert_that_cannot_cache_within_its_share_leaves_the_budget_to_the_other():
     """Each expert alone costs more than half the budget at its smallest threshold, one of them less than all
     of it: that one caches, alone, within the budget."""
-    measure, _ = stand_in({"high": 1.0, "low": 0.6}, floor={"high": 0.0, "low": 0.0})
-    budget = 0.01
+    measure, _ = stand_in({"high": 2.0, "low": 0.6})
+    budget = 0.006 / (B.MARGIN * 0.9)  # low's smallest threshold (0.01) costs 0.006: within it, not within half
     result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
     assert result.thresholds["high"] is None and result.thresholds["low"] is not None
     assert result.error <= budget * B.MARGIN

@@ -13,18 +13,18 @@ LOW_STAGE = (0.88, 0.6, 0.3, 0.0)  # 3 steps ending at sigma 0
 
 def test_the_plan_carries_the_wan22_defaults_the_node_and_workflows_read():
     assert C.CachePlan().node_inputs() == {
-        "residual_diff_threshold": 0.24, "first_compute_blocks": 1, "last_compute_blocks": 0,
+        "residual_diff_threshold": 0.05, "first_compute_blocks": 1, "last_compute_blocks": 0,
         "max_continuous_cached_steps": 3, "high_warmup_steps": 4, "high_max_cached_steps": -1,
         "low_warmup_steps": 2, "low_max_cached_steps": 20, "calibrator": "none"}
     # no CFG part: each stage reads it from how ComfyUI batches the prompts when it runs
-    assert C.CachePlan().summary() == ("high DBCache_F1B0_W4I1M0MC3_R0.24, "
-                                       "low DBCache_F1B0_W2I1M20MC3_R0.24")
+    assert C.CachePlan().summary() == ("high DBCache_F1B0_W4I1M0MC3_R0.05, "
+                                       "low DBCache_F1B0_W2I1M20MC3_R0.05")
 
 
 def test_a_context_config_carries_the_stages_evaluations_and_the_cond_first_pairing():
     config = C.CachePlan().db_cache_config("low", 23, separate_cfg=True)
     assert config.num_inference_steps == 23 and config.enable_separate_cfg and not config.cfg_compute_first
-    assert config.strify() == "DBCache_F1B0_W2I1M20MC3_R0.24_N23_CFG1"
+    assert config.strify() == "DBCache_F1B0_W2I1M20MC3_R0.05_N23_CFG1"
     assert not C.CachePlan().db_cache_config("high", 2, separate_cfg=False).enable_separate_cfg
 
 

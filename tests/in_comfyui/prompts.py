@@ -103,9 +103,15 @@ def split_of(result, node="2"):
     return s["high"], s["low"]
 
 
+# The node's default threshold (0.05) was chosen on the trained test bed, whose step-to-step change is small;
+# random experts change more per step, so the default caches almost nothing on them. The plumbing tests here
+# cache at 0.6's default 0.24, which caches on random experts as the trained bed's 0.05 does on it.
+RANDOM_WEIGHTS_THRESHOLD = 0.24
+
+
 def cache_node(experts_from="1", **overrides):
-    return {"class_type": "Wan22CacheDiT",
-            "inputs": {"experts": [experts_from, 0], "enabled": True, **CachePlan().node_inputs(), **overrides}}
+    inputs = {**CachePlan().node_inputs(), "residual_diff_threshold": RANDOM_WEIGHTS_THRESHOLD, **overrides}
+    return {"class_type": "Wan22CacheDiT", "inputs": {"experts": [experts_from, 0], "enabled": True, **inputs}}
 
 
 def lora_node(experts_from="1", high="none", low="none", high_strength=1.0, low_strength=1.0):
@@ -190,8 +196,9 @@ def one_ksampler_prompt(name, text_folder, *, sampler="euler", scheduler="simple
 
 
 def cache_model_node(model_from, **overrides):
-    """Wan2.2 Cache-DiT (MODEL) on one MODEL, with the sampler's default plan for one expert unless told."""
-    plan = CachePlan().node_inputs()
+    """Wan2.2 Cache-DiT (MODEL) on one MODEL, with the sampler's default plan for one expert unless told (at the
+    random weights' threshold)."""
+    plan = {**CachePlan().node_inputs(), "residual_diff_threshold": RANDOM_WEIGHTS_THRESHOLD}
     inputs = {k: plan[k] for k in ("residual_diff_threshold", "first_compute_blocks", "last_compute_blocks",
                                    "max_continuous_cached_steps", "calibrator")}
     inputs.update(warmup_steps=plan["high_warmup_steps"], max_cached_steps=plan["high_max_cached_steps"])

@@ -11,8 +11,9 @@ from wan22_cachedit.nodes.core import cache as C
 
 from .cache_state import context_configs, context_sizes, leftovers
 
-from .prompts import (CACHING, FINAL, bridged, diffusion_models, expert_files, failed_at_run, latent_of, loader,
-                      native_prompt, our_prompt, report_of, run_ok, text_folder, two_samplers_in_one_graph)
+from .prompts import (CACHING, FINAL, RANDOM_WEIGHTS_THRESHOLD, bridged, diffusion_models, expert_files,
+                      failed_at_run, latent_of, loader, native_prompt, our_prompt, report_of, run_ok, text_folder,
+                      two_samplers_in_one_graph)
 
 SMALL = dict(width=32, height=32, length=1)  # one 4x4 latent frame: long schedules stay cheap
 
@@ -135,7 +136,8 @@ def test_the_report_shows_per_expert_what_cache_dit_did_and_what_it_was_sized_wi
         stats = report["cache"][role]
         # cond and uncond batched in one call, as ComfyUI runs them when memory allows: one step per call
         assert stats["cfg_batching"] == "batched" and stats["pass_order"] == ["negative", "positive"]  # as batched
-        assert stats["config"] == C.CachePlan().db_cache_config(role, n, False).strify()
+        plan = C.CachePlan(residual_diff_threshold=RANDOM_WEIGHTS_THRESHOLD)
+        assert stats["config"] == plan.db_cache_config(role, n, False).strify()
         assert stats["evaluations"] == n and stats["block_forwards_without_cache"] == n * 4  # 4 blocks per call
         assert set(stats["residual_diffs"]) and stats["threshold"] == 0.24
     assert result.outputs["20"]["text"][0].startswith("high DBCache_F1B0_W4")
