@@ -79,6 +79,10 @@ def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], T
             trials.append(seen[key])
         return seen[key]
 
+    def caches(role: str) -> bool:  # the expert's rung fits and caches something (the lowest may cache nothing)
+        return rung[role] >= 0 and run({**{r: None for r in roles}, role: LADDER[rung[role]]}).block_forwards \
+            < uncached_block_forwards
+
     rung = {role: -1 for role in roles}  # each expert's rung alone (-1: none fits), and what it costs alone
     solo = {role: 0.0 for role in roles}
     active = list(roles)
@@ -95,16 +99,17 @@ def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], T
                 else:
                     hi = mid
             rung[role] = lo
-        fitting = [role for role in active if rung[role] >= 0]
+        fitting = [role for role in active if caches(role)]
         if len(fitting) == len(active) or len(active) == 1:
             break
         if fitting:  # an expert that cannot cache within its share leaves the budget to the others
             active = fitting
             continue
         # none fits a share: the one whose cheapest cached run costs least gets the whole target
-        costs = {role: min((t.error for t in trials if t.thresholds[role] is not None), default=math.inf)
-                 for role in active}
+        costs = {role: min((t.error for t in trials if t.thresholds[role] is not None
+                            and t.block_forwards < uncached_block_forwards), default=math.inf) for role in active}
         active = [min(active, key=lambda role: costs[role])]
+    rung = {role: i if caches(role) else -1 for role, i in rung.items()}
     while True:
         thresholds = {role: LADDER[i] if i >= 0 else None for role, i in rung.items()}
         if all(t is None for t in thresholds.values()):

@@ -101,3 +101,13 @@ def test_each_setting_is_measured_once():
     B.calibrate(0.05, ("high", "low"), measure, UNCACHED)
     keys = [tuple(sorted(c.items())) for c in calls]
     assert len(keys) == len(set(keys))
+
+
+def test_a_smallest_threshold_that_caches_nothing_does_not_count_as_fitting():
+    """Found on the bed: both experts' smallest threshold cached nothing (error 0, within any share) and the
+    next ones cost more than a share; the expert that fits the whole budget alone must still get it."""
+    measure, _ = stand_in({"high": 2.0, "low": 0.45}, floor={"high": 0.011, "low": 0.011})
+    budget = 0.006 / (B.MARGIN * 0.9)  # low at 0.0125 costs 0.0056: within the budget, not within a share
+    result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
+    assert result.thresholds["high"] is None and result.thresholds["low"] is not None
+    assert result.block_forwards < UNCACHED and result.error <= budget * B.MARGIN
