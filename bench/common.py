@@ -29,6 +29,22 @@ def write_results(stem: str, heading: str, text: str, results: dict, note: str =
     print(f"[bench] written: {os.path.join(folder, stem + '.json')}, {stem}.md")
 
 
+def finish_grid(fig, axes, used: int, title: str, path: str) -> None:
+    """A grid of plots finished alike: unused cells off, the legend in the first of them (else below), the title,
+    saved to `path`."""
+    spare = list(axes.flat)[used:]
+    for ax in spare:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if spare:
+        spare[0].legend(handles, labels, loc="center", fontsize=8)
+    else:
+        fig.legend(handles, labels, loc="lower center", fontsize=7, ncol=3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0 if spare else 0.08, 1, 1))
+    fig.savefig(path, dpi=100)
+
+
 def tiny_experts(base: str, expert: dict):
     """A ComfyUI loaded in this process on `base`, and two random experts of the given shape written there
     as fp32 files and loaded by ComfyUI's own loader: (the harness, role -> MODEL)."""

@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from bench.common import Runs, Timer, interleaved, round_speedups, text_embeddings
+from bench.common import Runs, Timer, finish_grid, interleaved, round_speedups, text_embeddings
 from bench.run import RESULTS, SPEED_EXPERT, Bench, rel_l2
 
 LATENT = (1, 16, 1, 16, 16)  # 128x128 pixels, 1 frame: 64 tokens, so that the whole sweep fits in ~15 minutes
@@ -272,17 +272,8 @@ def chart(results: list, path: str) -> None:
         ax.set_xlabel(f"relative L2 to the uncached latent (0 drawn at {FLOOR:g})", fontsize=8)
         ax.set_ylabel("speed-up against the uncached graph", fontsize=8)
         ax.grid(alpha=0.3, which="both")
-    spare = list(axes.flat)[len(results):]
-    for ax in spare:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if spare:  # the legend in the first empty cell
-        spare[0].legend(handles, labels, loc="center", fontsize=9)
-    fig.suptitle("Cache nodes on the native Wan2.2 graph: speed-up against error (random weights, CPU)", fontsize=10)
-    fig.tight_layout(rect=(0, 0 if spare else 0.07, 1, 1))
-    if not spare:
-        fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=3)
-    fig.savefig(path, dpi=100)
+    finish_grid(fig, axes, len(results), "Cache nodes on the native Wan2.2 graph: speed-up against error (random "
+                "weights, CPU)", path)
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from bench.common import ROOT, Timer
+from bench.common import ROOT, Timer, finish_grid
 from bench.few_steps import BlockCounter, Methods, round_references, with_natives
 from bench.run import RESULTS, psnr_db, rel_l2
 
@@ -268,17 +268,7 @@ def chart(results: list, path: str, title: str) -> None:
         ax.set_xlabel(f"median relative L2 to the uncached latent ({len(CASES)} seeds x classes)", fontsize=8)
         ax.set_ylabel("block forwards, share of uncached", fontsize=8)
         ax.grid(alpha=0.3, which="both")
-    spare = list(axes.flat)[len(results):]
-    for ax in spare:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if spare:
-        spare[0].legend(handles, labels, loc="center", fontsize=8)
-    else:
-        fig.legend(handles, labels, loc="lower center", fontsize=7, ncol=3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0 if spare else 0.08, 1, 1))
-    fig.savefig(path, dpi=100)
+    finish_grid(fig, axes, len(results), title, path)
 
 
 def bed_line(bed: dict) -> str:
