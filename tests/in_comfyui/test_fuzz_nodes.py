@@ -55,6 +55,10 @@ def world(tiny_models, parallel_experts) -> dict:
         "5": {"class_type": "Wan22TwoStageSampler",
               "inputs": {"experts": ["20", 0], "schedule": ["41", 0], "positive": ["3", 0], "negative": ["3", 1],
                          "latent_image": ["4", 0], "seed": 3, "cfg_high": 3.5, "cfg_low": 3.0}},
+        # the error budget at 0 (no calibration run); a case that sets a budget calibrates on the 4-step run
+        "21": {"class_type": "Wan22CacheBudget",
+               "inputs": {"experts": ["20", 0], "schedule": ["2", 0], "positive": ["3", 0], "negative": ["3", 1],
+                          "latent_image": ["4", 0], "seed": 3, "cfg_high": 3.5, "cfg_low": 3.0, "error_budget": 0.0}},
         "51": loader(parallel_experts[("t2v", "high")], parallel_experts[("t2v", "low")]),
         "50": {"class_type": "Wan22ParallelPlan", "inputs": {"experts": ["51", 0], "workers": 2,
                                                              "devices": "cpu, cpu", "ulysses_degree": 2,
@@ -62,8 +66,8 @@ def world(tiny_models, parallel_experts) -> dict:
     }
     nodes["15"] = schedule("13", sampler="uni_pc", steps=5, boundary="custom", boundary_ratio=0.9, scheduler="beta")
     nodes["16"] = schedule("14", sampler="dpmpp_2m", steps=3)
-    shown = {"1": 0, "13": 0, "14": 0, "40": 0, "20": 0, "2": 1, "41": 1, "15": 2, "16": 1, "5": 1, "50": 0, "12": 0,
-             "3": 0}
+    shown = {"1": 0, "13": 0, "14": 0, "40": 0, "20": 0, "21": 1, "2": 1, "41": 1, "15": 2, "16": 1, "5": 1, "50": 0,
+             "12": 0, "3": 0}
     for node_id, output in shown.items():
         nodes[f"p{node_id}"] = {"class_type": "PreviewAny", "inputs": {"source": [node_id, output]}}
     return nodes
@@ -225,7 +229,7 @@ def graph(comfyui, tiny_models, parallel_experts):
              if comfyui_node(node["class_type"]).__module__.startswith(comfyui.pack_module.__name__)}
     pack = {name for name, node in comfyui.nodes.NODE_CLASS_MAPPINGS.items()
             if node.__module__.startswith(comfyui.pack_module.__name__)}
-    assert {prompt[node_id]["class_type"] for node_id in specs} == pack and len(pack) == 11  # every pack node
+    assert {prompt[node_id]["class_type"] for node_id in specs} == pack and len(pack) == 12  # every pack node
     fresh = comfyui.new_executor()
     result = comfyui.run(prompt, executor=fresh)
     assert result.valid and result.success and not result.node_errors, (result.node_errors, result.execution_error())
