@@ -6,8 +6,6 @@ as the bed's data world defines them."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from bench.common import ROOT  # noqa: F401  (puts the checkout on sys.path)
@@ -82,13 +80,3 @@ class BedRuns:
                                             dict(run["cfg"]))
         return latent["samples"], record
 
-
-def bed_base() -> str:
-    """A ComfyUI base folder for bed runs (nothing is written to it but what ComfyUI makes itself)."""
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="wan22-bed-")
-
-
-def expert_files_exist(bed) -> bool:
-    return all(os.path.exists(path) for path in bed.files.values())
