@@ -29,13 +29,27 @@ def write_results(stem: str, heading: str, text: str, results: dict, note: str =
     print(f"[bench] written: {os.path.join(folder, stem + '.json')}, {stem}.md")
 
 
+def plot_grid(count: int, width: float, height: float):
+    """(figure, axes) of a grid of `count` plots, three to a row, drawn without a display."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, count)
+    return plt.subplots(-(-count // cols), cols, figsize=(width * cols, height * -(-count // cols)), squeeze=False)
+
+
 def finish_grid(fig, axes, used: int, title: str, path: str) -> None:
     """A grid of plots finished alike: unused cells off, the legend in the first of them (else below), the title,
     saved to `path`."""
     spare = list(axes.flat)[used:]
     for ax in spare:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend = {}  # every plot's entries, once each (the first plot may lack some)
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
     if spare:
         spare[0].legend(handles, labels, loc="center", fontsize=8)
     else:

@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from bench.common import Runs, Timer, finish_grid, interleaved, round_speedups, text_embeddings
+from bench.common import Runs, Timer, finish_grid, interleaved, plot_grid, round_speedups, text_embeddings
 from bench.run import RESULTS, SPEED_EXPERT, Bench, rel_l2
 
 LATENT = (1, 16, 1, 16, 16)  # 128x128 pixels, 1 frame: 64 tokens, so that the whole sweep fits in ~15 minutes
@@ -252,13 +252,7 @@ def table(results: list) -> str:
 
 
 def chart(results: list, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = min(3, len(results))
-    rows_ = -(-len(results) // cols)
-    fig, axes = plt.subplots(rows_, cols, figsize=(5.2 * cols, 4.2 * rows_), squeeze=False)
+    fig, axes = plot_grid(len(results), 5.2, 4.2)
     for ax, r in zip(axes.flat, results):
         for method, label in LABELS.items():
             points = sorted((p for p in r["points"] if p["method"] == method), key=lambda p: p["threshold"])

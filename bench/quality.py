@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from bench.common import ROOT, Timer, finish_grid
+from bench.common import ROOT, Timer, finish_grid, plot_grid
 from bench.few_steps import BlockCounter, Methods, round_references, with_natives
 from bench.run import RESULTS, psnr_db, rel_l2
 
@@ -243,13 +243,7 @@ def table(results: list) -> str:
 
 
 def chart(results: list, path: str, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = min(3, len(results))
-    n_rows = -(-len(results) // cols)
-    fig, axes = plt.subplots(n_rows, cols, figsize=(5.4 * cols, 4.4 * n_rows), squeeze=False)
+    fig, axes = plot_grid(len(results), 5.4, 4.4)
     for ax, r in zip(axes.flat, results):
         for method, label in LABELS.items():
             pts = sorted((p for p in r["points"] if p["method"] == method and "refused" not in p),
