@@ -38,8 +38,5 @@ quality: setup
 clean:
 	rm -rf .demo .pytest_cache
 
-distquality: setup
-	$(PY) -m bench.quality
-
-clean: clean
+distclean: clean
 	rm -rf .venv .comfyui .frontends

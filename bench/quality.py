@@ -169,7 +169,10 @@ def measure_budgets(runs, counter, run: dict, quick: bool, log) -> list:
             errs.append(rel_l2(reference, latent))
         rows.append({"method": "budget", "threshold": budget, "rel_l2": summarise(errs), "block_cost": summarise(costs),
                      "thresholds": calibration.thresholds, "calibration_error": calibration.error,
-                     "calibration_runs": len(calibration.trials) + 1, "calibration_s": round(seconds, 1),
+                     "confirmation_error": calibration.confirmation_error,
+                     "calibration_runs": len(calibration.trials) + len(calibration.confirmations)
+                     + (2 if calibration.confirmations else 1),  # and the uncached runs
+                     "calibration_s": round(seconds, 1),
                      "per_case": {"rel_l2": errs, "cost": costs}})
         log(f"[quality] budget {budget}: {calibration.describe()}; median error on the cases "
             f"{statistics.median(errs):.4f}")

@@ -32,38 +32,56 @@ def with_thresholds(plan: CachePlan, thresholds: dict, budget: float | None) -> 
     return dataclasses.replace(plan, error_budget=budget, **changes)
 
 
+def confirming_seed(seed: int) -> int:
+    return (int(seed) + 1) % 2 ** 64
+
+
 def calibrate(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict,
               error_budget: float) -> tuple[object, core_budget.Calibration]:
     """(the experts with the calibrated plan, the calibration): the uncached run, then the search's runs, each
-    through the engine (so each stage's cache is installed for that stage only and removed after it)."""
+    through the engine (so each stage's cache is installed for that stage only and removed after it); the
+    settings that meet the budget are confirmed on the next seed, against its own uncached run."""
     core_budget.check_budget(error_budget)
     plan = experts.cache_plan or CachePlan()
     roles = tuple(role for role in ROLES if experts.models().get(role) is not None)
     if float(error_budget) == 0:
         calibration = core_budget.calibrate(0.0, roles, None, 0)
         return experts.replace(cache_plan=with_thresholds(plan, calibration.thresholds, 0.0)), calibration
-    reference, record = engine.sample(experts.replace(cache_plan=None), schedule, positive, negative, latent, seed,
-                                      cfg)
-    uncached = sum(record.calls.values()) * experts.architecture.num_layers
+    references: dict = {}
 
-    def measure(thresholds: dict) -> core_budget.Trial:
-        trial_plan = with_thresholds(plan, thresholds, None)
-        out, trial = engine.sample(experts.replace(cache_plan=trial_plan), schedule, positive, negative, latent, seed,
-                                   cfg)
-        forwards = sum(stats["block_forwards"] for stats in trial.cache.values())
-        return core_budget.Trial(thresholds, relative_l2(reference["samples"], out["samples"]), forwards)
+    def sample(thresholds: dict | None, at_seed: int):
+        trial_plan = None if thresholds is None else with_thresholds(plan, thresholds, None)
+        return engine.sample(experts.replace(cache_plan=trial_plan), schedule, positive, negative, latent, at_seed,
+                             cfg)
 
-    calibration = core_budget.calibrate(float(error_budget), roles, measure, uncached)
+    def reference(at_seed: int):
+        if at_seed not in references:
+            references[at_seed] = sample(None, at_seed)
+        return references[at_seed]
+
+    def measurer(at_seed: int):
+        def measure(thresholds: dict) -> core_budget.Trial:
+            uncached = reference(at_seed)[0]["samples"]
+            out, trial = sample(thresholds, at_seed)
+            forwards = sum(stats["block_forwards"] for stats in trial.cache.values())
+            return core_budget.Trial(thresholds, relative_l2(uncached, out["samples"]), forwards)
+        return measure
+
+    uncached_forwards = sum(reference(seed)[1].calls.values()) * experts.architecture.num_layers
+    calibration = core_budget.calibrate(float(error_budget), roles, measurer(seed), uncached_forwards,
+                                        confirm=measurer(confirming_seed(seed)))
     return experts.replace(cache_plan=with_thresholds(plan, calibration.thresholds, float(error_budget))), calibration
 
 
 def calibration_report(calibration: core_budget.Calibration) -> dict:
+    def runs(trials: list) -> list:
+        return [{"thresholds": t.thresholds, "error": round(t.error, 6), "block_forwards": t.block_forwards}
+                for t in trials]
     return {"error_budget": calibration.budget, "target": calibration.target, "margin": core_budget.MARGIN,
             "thresholds": calibration.thresholds, "calibration_error": calibration.error,
-            "block_forwards": calibration.block_forwards,
+            "confirmation_error": calibration.confirmation_error, "block_forwards": calibration.block_forwards,
             "block_forwards_without_cache": calibration.uncached_block_forwards,
-            "trials": [{"thresholds": t.thresholds, "error": round(t.error, 6), "block_forwards": t.block_forwards}
-                       for t in calibration.trials]}
+            "trials": runs(calibration.trials), "confirmations": runs(calibration.confirmations)}
 
 
 class Wan22CacheBudget(io.ComfyNode):
@@ -76,7 +94,7 @@ class Wan22CacheBudget(io.ComfyNode):
             description="Asks for a quality instead of a threshold: runs the given run once without the cache and "
                         "then with candidate thresholds on each expert, and hands on the experts with the per-expert "
                         "thresholds that keep the final latent within error_budget (relative L2 to the uncached "
-                        "run). It costs about a dozen runs, once: ComfyUI keeps its output while its inputs stay "
+                        "run), on that run and on the same run at the next seed. It costs about a dozen runs, once: ComfyUI keeps its output while its inputs stay "
                         "the same, so calibrate on a short or small run and keep it for others with the same "
                         "sampler, steps, shift and CFG.",
             inputs=[
@@ -89,7 +107,8 @@ class Wan22CacheBudget(io.ComfyNode):
                 io.Latent.Input("latent_image", tooltip="The calibration run's latent (its size and frames "
                                                         "should be the sampler's)."),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF,
-                             tooltip="The calibration run's seed (keep it fixed: another seed calibrates anew)."),
+                             tooltip="The calibration run's seed (keep it fixed: another seed calibrates anew); the "
+                                     "settings are confirmed on the next seed too."),
                 io.Float.Input("cfg_high", default=4.0, min=0.0, max=30.0, step=0.1, round=0.01,
                                tooltip="CFG of the high-noise expert, as on the sampler."),
                 io.Float.Input("cfg_low", default=3.0, min=0.0, max=30.0, step=0.1, round=0.01,

@@ -41,7 +41,8 @@ class Wan22ParallelPlan(io.ComfyNode):
                              tooltip="How many workers split each sequence. It must divide the experts' attention "
                                      "heads (A14B: 40, so 2, 4, 5 or 8) and equal the number of workers."),
                 io.Int.Input("cpu_threads", default=0, min=0, max=1024, advanced=True,
-                             tooltip="Torch threads per CPU worker; 0 shares this machine's cores among them."),
+                             tooltip="Torch threads per CPU worker (at most this machine's cores); 0 shares the cores "
+                                     "among the workers."),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The same experts, with the plan: connect "
                                                                         "them to the sampler.")],
@@ -56,7 +57,8 @@ class Wan22ParallelPlan(io.ComfyNode):
         linked_given(experts=experts)
         plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
                               heads=experts.architecture.dim // core.HEAD_WIDTH, cpu_threads=cpu_threads,
-                              gpus=gpus_here(), cpus=os.cpu_count() or 1)
+                              gpus=gpus_here(), cpus=os.cpu_count() or 1,
+                              cluster=bool(os.environ.get("RAY_ADDRESS")))
         from .parallel import ray_module
 
         ray_module()  # says how to install Ray when it is missing, before any run

@@ -6,7 +6,9 @@ per-expert thresholds (None: that expert uncached) and compares its final latent
 expert first gets its own share of the budget, found alone (the other expert uncached) by bisection on a
 ladder of thresholds; then both run together, and while that misses the target, the expert that costs more
 alone steps one rung down. The target is the budget times a margin, since a calibration seed is one sample
-of the seeds the settings will then run with.
+of the seeds the settings will then run with; and a setting is kept only when a second sample agrees: given
+`confirm(thresholds) -> Trial` (the same run on another seed, against its own uncached run), the joint settings
+must meet the target there too, or the costlier expert steps down again.
 """
 
 from __future__ import annotations
@@ -42,14 +44,18 @@ class Calibration:
     block_forwards: int
     uncached_block_forwards: int
     trials: list = field(default_factory=list)
+    confirmations: list = field(default_factory=list)  # the same settings on the confirming seed
+    confirmation_error: float | None = None  # what the chosen thresholds cost there (None: not confirmed)
 
     def describe(self) -> str:
         used = ", ".join(f"{role} {'uncached' if t is None else f'threshold {t:g}'}"
                          for role, t in self.thresholds.items())
+        confirmed = ("" if self.confirmation_error is None
+                     else f", confirming seed {self.confirmation_error:.4f}")
         return (f"error budget {self.budget:g} (calibrated to {self.target:.3g}): {used}; calibration run error "
-                f"{self.error:.4f}, blocks {self.block_forwards}/{self.uncached_block_forwards} "
+                f"{self.error:.4f}{confirmed}, blocks {self.block_forwards}/{self.uncached_block_forwards} "
                 f"({100 * (1 - self.block_forwards / self.uncached_block_forwards):.0f}% saved), "
-                f"{len(self.trials)} calibration runs")
+                f"{len(self.trials) + len(self.confirmations)} calibration runs")
 
 
 def check_budget(budget: float) -> float:
@@ -61,23 +67,34 @@ def check_budget(budget: float) -> float:
 
 
 def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], Trial], uncached_block_forwards: int,
-              margin: float = MARGIN) -> Calibration:
+              margin: float = MARGIN, confirm: Callable[[dict], Trial] | None = None) -> Calibration:
     """The per-expert thresholds for `budget` (see the module's text). A budget of 0 caches nothing and runs
-    nothing; a budget no cached step fits in is refused, naming error_budget."""
+    nothing; a budget no cached step fits in (on the calibration run, or on the confirming one) is refused,
+    naming error_budget."""
     budget = check_budget(budget)
     if budget == 0:
         return Calibration(budget, 0.0, {role: None for role in roles}, 0.0, uncached_block_forwards,
                            uncached_block_forwards)
     target = budget * margin
     trials: list[Trial] = []
+    confirmations: list[Trial] = []
     seen: dict = {}
 
-    def run(thresholds: dict) -> Trial:
-        key = tuple(sorted(thresholds.items()))
+    def memo(trials_of: list, measure_of: Callable[[dict], Trial], thresholds: dict) -> Trial:
+        key = (id(trials_of), tuple(sorted(thresholds.items())))
         if key not in seen:  # the same settings give the same run: measured once
-            seen[key] = measure(dict(thresholds))
-            trials.append(seen[key])
+            seen[key] = measure_of(dict(thresholds))
+            trials_of.append(seen[key])
         return seen[key]
+
+    def run(thresholds: dict) -> Trial:
+        return memo(trials, measure, thresholds)
+
+    def joint_error(thresholds: dict) -> float:  # the calibration run's error, and the confirming run's once met
+        error = run(thresholds).error
+        if confirm is not None and error <= target:
+            error = max(error, memo(confirmations, confirm, thresholds).error)
+        return error
 
     def caches(role: str) -> bool:  # the expert's rung fits and caches something (the lowest may cache nothing)
         return rung[role] >= 0 and run({**{r: None for r in roles}, role: LADDER[rung[role]]}).block_forwards \
@@ -114,8 +131,7 @@ def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], T
         thresholds = {role: LADDER[i] if i >= 0 else None for role, i in rung.items()}
         if all(t is None for t in thresholds.values()):
             break
-        trial = run(thresholds)
-        if trial.error <= target:
+        if joint_error(thresholds) <= target:
             break
         worst = max((role for role in roles if rung[role] >= 0), key=lambda role: solo[role])
         rung[worst] -= 1
@@ -129,9 +145,13 @@ def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], T
             raise Wan22InputError("error_budget", f"{budget:g}: this run has no step the cache could skip (its "
                                                   "steps are all warm-up or capped): lower the warm-up steps, or "
                                                   "leave Cache-DiT off")
+        missed = min((t.error for t in confirmations), default=None)
+        confirmed = ("" if missed is None else f", and {missed:.4f} on the confirming seed for the settings that met "
+                                               "it on the calibration run")
         raise Wan22InputError("error_budget", f"{budget:g} cannot be met: the smallest change any threshold made "
-                                              f"on this run is {cheapest.error:.4f} (with margin {margin:g}, the "
-                                              f"budget allows {target:.4f}); raise error_budget, set it to 0 to "
-                                              "cache nothing, or leave Cache-DiT off")
+                                              f"on this run is {cheapest.error:.4f}{confirmed} (with margin "
+                                              f"{margin:g}, the budget allows {target:.4f}); raise error_budget, set "
+                                              "it to 0 to cache nothing, or leave Cache-DiT off")
+    confirmation = memo(confirmations, confirm, thresholds) if confirm is not None else None
     return Calibration(budget, target, thresholds, final.error, final.block_forwards, uncached_block_forwards,
-                       trials)
+                       trials, confirmations, None if confirmation is None else confirmation.error)

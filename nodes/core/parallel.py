@@ -38,9 +38,10 @@ def head_divisors(heads: int) -> list[int]:
     return [d for d in range(2, heads + 1) if heads % d == 0]
 
 
-def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int) -> tuple[str, ...]:
+def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int, cluster: bool = False) -> tuple[str, ...]:
     """One device per worker from the node's `devices` text: "auto" (this machine's GPUs, else its CPU), or a
-    comma-separated list. `gpus`/`cpus`: what this machine has, for "auto" and for the count check."""
+    comma-separated list. `gpus`/`cpus`: what this process sees, for "auto" and for the bounds; `cluster`: the
+    workers join a Ray cluster (RAY_ADDRESS), whose machines hold the GPUs a bare "cuda" asks for."""
     text = (devices or AUTO).strip().lower()
     if text == AUTO:
         if gpus:
@@ -71,17 +72,31 @@ def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int) -> tuple[
     if workers > len(entries):
         raise Wan22InputError("workers", f"more workers ({workers}) than devices ({len(entries)}: "
                                          f"{', '.join(entries)}): list a device for each worker, or use fewer")
-    return tuple(entries[:workers])
+    entries = entries[:workers]
+    if entries[0] == "cpu" and workers > cpus:
+        raise Wan22InputError("workers", f"{workers} CPU workers but this machine has {cpus} CPU cores: use at "
+                                         f"most {cpus} workers")
+    missing = [e for e in entries if e.startswith("cuda:") and int(e.split(":")[1]) >= gpus]
+    if missing:
+        raise Wan22InputError("devices", f"{devices!r} names {', '.join(missing)}, but this process sees {gpus} "
+                                         f"GPU(s){f' (cuda:0 to cuda:{gpus - 1})' if gpus else ''}: list GPUs it "
+                                         "sees, or 'cpu, cpu'")
+    if entries.count("cuda") > gpus and not cluster:
+        raise Wan22InputError("devices", f"{devices!r} asks for {entries.count('cuda')} GPUs, but this process sees "
+                                         f"{gpus}: list at most {gpus} (with RAY_ADDRESS set, the Ray cluster's "
+                                         "machines provide them)")
+    return tuple(entries)
 
 
 def make_plan(*, workers: int, devices: str, ulysses_degree: int, heads: int, cpu_threads: int, gpus: int,
-              cpus: int) -> ParallelPlan:
-    """The plan, every value checked and refused by its input name before any worker starts."""
+              cpus: int, cluster: bool = False) -> ParallelPlan:
+    """The plan, every value checked and refused by its input name before any worker starts: no more CPU
+    workers or threads than the cores, no GPU this process does not see (see parse_devices)."""
     workers, degree = int(workers), int(ulysses_degree)
     if not 2 <= workers <= MAX_WORKERS:
         raise Wan22InputError("workers", f"{workers} workers: use between 2 and {MAX_WORKERS} (one run on one "
                                          "device needs no plan)")
-    devices = parse_devices(devices, workers, gpus=gpus, cpus=cpus)
+    devices = parse_devices(devices, workers, gpus=gpus, cpus=cpus, cluster=cluster)
     divisors = head_divisors(heads)
     if degree < 2:
         raise Wan22InputError("ulysses_degree", f"{degree} splits nothing: the degree is how many workers share "
@@ -95,8 +110,9 @@ def make_plan(*, workers: int, devices: str, ulysses_degree: int, heads: int, cp
         raise Wan22InputError("ulysses_degree", f"{degree} with {workers} workers: every worker takes part in "
                                                 "each sequence's split, so the degree must equal the number of "
                                                 f"workers; set both to {degree} or both to {workers}")
-    if int(cpu_threads) < 0:
-        raise Wan22InputError("cpu_threads", f"{cpu_threads} threads: use 0 (share the cores) or more")
+    if not 0 <= int(cpu_threads) <= cpus:
+        raise Wan22InputError("cpu_threads", f"{cpu_threads} threads: use 0 (share the cores) up to this "
+                                             f"machine's {cpus} cores")
     threads = int(cpu_threads) or max(1, cpus // workers)
     return ParallelPlan(workers=workers, devices=devices, ulysses_degree=degree, cpu_threads=threads)
 

@@ -111,3 +111,23 @@ def test_a_smallest_threshold_that_caches_nothing_does_not_count_as_fitting():
     result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
     assert result.thresholds["high"] is None and result.thresholds["low"] is not None
     assert result.block_forwards < UNCACHED and result.error <= budget * B.MARGIN
+
+
+def test_settings_the_confirming_seed_misses_step_down_until_it_meets_the_target_too():
+    measure, _ = stand_in({"high": 0.5, "low": 0.2})
+    confirm, _ = stand_in({"high": 1.0, "low": 0.6})  # the other seed: the same settings cost more
+    alone = B.calibrate(0.03, ("high", "low"), measure, UNCACHED)
+    assert confirm(alone.thresholds).error > 0.03 * B.MARGIN  # the calibration run alone would promise too much
+    result = B.calibrate(0.03, ("high", "low"), measure, UNCACHED, confirm=confirm)
+    assert result.confirmation_error == pytest.approx(confirm(result.thresholds).error)
+    assert max(result.error, result.confirmation_error) <= 0.03 * B.MARGIN
+    assert result.block_forwards < UNCACHED and result.block_forwards > alone.block_forwards
+    measured = [tuple(sorted(t.thresholds.items())) for t in result.confirmations]
+    assert len(measured) == len(set(measured)) > 1  # each setting confirmed once; the first one missed
+
+
+def test_a_budget_only_the_calibration_run_meets_is_refused_naming_the_confirming_seed():
+    measure, _ = stand_in({"high": 0.5, "low": 0.5})
+    confirm, _ = stand_in({"high": 1000.0, "low": 1000.0})
+    with pytest.raises(Wan22InputError, match=r"^error_budget: 0.03 cannot be met: .* on the confirming seed"):
+        B.calibrate(0.03, ("high", "low"), measure, UNCACHED, confirm=confirm)

@@ -24,7 +24,7 @@ def test_auto_takes_this_machines_gpus_else_its_cpu():
     cpu = plan()
     assert cpu.devices == ("cpu", "cpu") and cpu.backend == "gloo" and cpu.cpu_threads == 4
     assert plan(cpu_threads=1).cpu_threads == 1
-    assert refusal(cpu_threads=-1).startswith("cpu_threads: -1 threads: use 0 (share the cores) or more")
+    assert refusal(cpu_threads=-1).startswith("cpu_threads: -1 threads: use 0 (share the cores) up to")
 
 
 def test_the_a14b_degrees_are_those_that_divide_its_40_heads():
@@ -41,14 +41,34 @@ def test_devices_are_refused_by_name():
     assert refusal(workers=3, gpus=2).startswith("workers: 3 workers but this machine has 2 GPU(s)")
     assert refusal(workers=3, devices="cuda:0, cuda:1", ulysses_degree=3).startswith(
         "workers: more workers (3) than devices (2: cuda:0, cuda:1)")
-    assert refusal(devices="cuda:0, cuda:0").startswith("devices: 'cuda:0, cuda:0' names a GPU twice")
+    assert refusal(devices="cuda:0, cuda:0", gpus=2).startswith("devices: 'cuda:0, cuda:0' names a GPU twice")
     assert refusal(devices="cpu, cuda").startswith("devices: 'cpu, cuda' mixes CPU and GPU workers")
-    assert refusal(devices="cuda:0, cuda").startswith("devices: 'cuda:0, cuda' mixes pinned GPUs")
+    assert refusal(devices="cuda:0, cuda", gpus=2).startswith("devices: 'cuda:0, cuda' mixes pinned GPUs")
     assert plan(devices="cpu:0, cpu:1").devices == ("cpu", "cpu")
     assert refusal(devices="gpu0, gpu1").startswith("devices: 'gpu0, gpu1' is not a device list")
     assert refusal(workers=1).startswith("workers: 1 workers")
-    assert plan(devices="CUDA, cuda").devices == ("cuda", "cuda")  # GPUs the Ray cluster picks
+    assert plan(devices="CUDA, cuda", gpus=2).devices == ("cuda", "cuda")  # GPUs the Ray cluster picks
     assert plan(devices="cpu, cpu, cpu").devices == ("cpu", "cpu")
+
+
+def test_a_workflow_cannot_ask_for_more_than_the_machine_has():
+    """Bounds, each refused by its input name by the plan node, before any worker starts."""
+    assert refusal(workers=4, ulysses_degree=4, devices="cpu, cpu, cpu, cpu", cpus=2).startswith(
+        "workers: 4 CPU workers but this machine has 2 CPU cores")
+    assert plan(workers=2, devices="cpu, cpu", cpus=2).devices == ("cpu", "cpu")
+    assert refusal(cpu_threads=1024, cpus=8) == ("cpu_threads: 1024 threads: use 0 (share the cores) up to this "
+                                                 "machine's 8 cores")
+    assert plan(cpu_threads=8, cpus=8).cpu_threads == 8
+    message = refusal(devices="cuda:999, cuda:998", gpus=0)
+    assert message.startswith("devices: 'cuda:999, cuda:998' names cuda:999, cuda:998, but this process sees 0 "
+                              "GPU(s)")
+    assert refusal(devices="cuda:0, cuda:2", gpus=2).startswith("devices: 'cuda:0, cuda:2' names cuda:2, but this "
+                                                                "process sees 2 GPU(s) (cuda:0 to cuda:1)")
+    assert refusal(devices="cuda, cuda", gpus=1).startswith("devices: 'cuda, cuda' asks for 2 GPUs, but this "
+                                                            "process sees 1")
+    assert plan(devices="cuda, cuda", gpus=0, cluster=True).devices == ("cuda", "cuda")  # the cluster's GPUs
+    assert refusal(devices="cuda:3, cuda:1", gpus=2, cluster=True).startswith("devices: 'cuda:3, cuda:1' names "
+                                                                               "cuda:3")
 
 
 def test_the_sequence_splits_into_equal_shards_or_is_refused():

@@ -66,6 +66,19 @@ def test_a_met_budget_holds_on_its_calibration_run_and_the_report_names_budget_a
         assert leftovers(model) == []
 
 
+def test_the_calibrated_settings_are_confirmed_on_the_next_seed(comfyui, tiny_models):
+    """The search keeps settings only when the next seed's run meets the target too: the calibration's
+    confirmation error is that run's, measured here by the sampler at seed 5 against its uncached run."""
+    budget = 0.5
+    run_ok(comfyui, budget_prompt(tiny_models, budget, seed=5))  # calibrated on seed 4, sampled at seed 5
+    calibration = json.loads(comfyui.cached_output("21")[1][0])
+    assert calibration["confirmations"] and calibration["confirmations"][-1]["thresholds"] == \
+        calibration["thresholds"]
+    cached = latent_of(comfyui, FINAL["ours"])
+    error = relative_l2(uncached_latent(comfyui, tiny_models, seed=5), cached)
+    assert error == calibration["confirmation_error"] <= budget * calibration["margin"]
+
+
 def test_a_budget_no_cached_step_fits_in_is_refused_naming_error_budget(comfyui, tiny_models):
     message = failed_at_run(comfyui, budget_prompt(tiny_models, 1e-6))
     assert message.startswith("error_budget: 1e-06 cannot be met"), message
