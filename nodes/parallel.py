@@ -17,7 +17,11 @@ import atexit
 import dataclasses
 import logging
 import os
+import shutil
+import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -37,9 +41,16 @@ GRACE_S = 10  # how long the other workers may take to answer once one has faile
 # Object patches ComfyUI's own nodes put on a Wan MODEL that the workers rebuild: the flow shift
 # (ModelSamplingSD3), which every stage sets again from the schedule.
 REBUILT_OBJECT_PATCHES = ("model_sampling",)
+# The transformer option the workers take along: an attention override (sage, flash, a Model Attention Backend
+# node), sent to them by value and run by the sequence split as its inner attention.
+ATTENTION_OVERRIDE = "optimized_attention_override"
 # Conditioning entries that carry models or Python objects of their own, which a worker cannot rebuild.
 WORKERLESS_CONDITIONING = ("control", "hooks", "gligen")
+# Set to 1 to run the workers on a Ray cluster without token authentication (anyone who can reach its ports can
+# then run code as this user): refused otherwise.
+WITHOUT_AUTH = "WAN22_RAY_WITHOUT_AUTH"
 _POOL = None
+_STARTING = None  # a pool while it starts (under _LOCK), for release_for_exit
 _STAND_IN = None
 _LOCK = threading.RLock()
 
@@ -62,7 +73,8 @@ def unrebuildable(model) -> list[str]:
     found = [f"object patch {key}" for key in model.object_patches if key not in REBUILT_OBJECT_PATCHES]
     options = model.model_options
     found += [f"model option {key}" for key, value in options.items() if key != "transformer_options" and value]
-    found += [f"transformer option {key}" for key, value in options.get("transformer_options", {}).items() if value]
+    found += [f"transformer option {key}" for key, value in options.get("transformer_options", {}).items()
+              if value and key != ATTENTION_OVERRIDE]
     for kind, by_key in model.wrappers.items():
         found += [f"{kind} wrapper {key}" for key, wrappers in by_key.items() if wrappers]
     for kind, by_key in model.callbacks.items():
@@ -94,7 +106,86 @@ def model_spec(model, role: str) -> dict:
     return {"init": init, "key": repr((getattr(init[0], "__module__", ""), getattr(init[0], "__qualname__", ""),
                                         init[1:])),
             "patches": {key: list(patches) for key, patches in model.patches.items()},
-            "patches_uuid": model.patches_uuid}
+            "patches_uuid": model.patches_uuid, "attention": attention_override(model, what)}
+
+
+def attention_override(model, what: str):
+    """The MODEL's attention override, ready to be sent to the workers: the module that defines it (another
+    custom node pack, which a worker does not load) goes by value. One that cannot be sent is refused by name."""
+    override = model.model_options.get("transformer_options", {}).get(ATTENTION_OVERRIDE)
+    if override is None:
+        return None
+    ray = ray_module()
+    name = getattr(override, "__module__", None) or ""
+    module = sys.modules.get(name)
+    own = name.split(".")[0] in ("comfy", "comfy_extras", "comfy_api", __name__.split(".")[0])
+    if module is not None and not own:
+        ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        ray.cloudpickle.dumps(override)
+    except Exception as e:
+        raise Wan22InputError("workers", f"{what} carries an attention override "
+                                         f"({getattr(override, '__qualname__', type(override).__name__)} from "
+                                         f"{name or 'an unknown module'}) that cannot be sent to the workers "
+                                         f"({type(e).__name__}: {e}): remove the node that sets it, or run "
+                                         "without the parallel plan") from None
+    return override
+
+
+# --- what the pool exposes ---
+
+def authentication_refusal(why: str) -> Wan22InputError:
+    return Wan22InputError("workers", f"{why}: anyone who can reach the cluster's ports could run code as this "
+                                      "user. Leave RAY_AUTH_MODE unset or set it to token (Ray >= 2.60; a cluster "
+                                      "you join must be started with it too), or set "
+                                      f"{WITHOUT_AUTH}=1 to run without it on a network you trust")
+
+
+def check_authentication(ray, cluster: bool) -> None:
+    """Before anything starts: Ray must guard the cluster with its token authentication (its servers listen
+    on every interface), unless the user opted out (WITHOUT_AUTH)."""
+    if os.environ.get(WITHOUT_AUTH) == "1":
+        return
+    try:
+        from ray._raylet import get_authentication_mode  # noqa: F401
+    except ImportError:
+        raise authentication_refusal(f"Ray {ray.__version__} predates token authentication") from None
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.strip().lower() != "token":
+        where = "the Ray cluster at RAY_ADDRESS" if cluster else "the local Ray cluster"
+        raise authentication_refusal(f"RAY_AUTH_MODE={mode} would run {where} without token authentication")
+
+
+def check_authenticated(ray, store) -> None:
+    """Once connected: this process and the cluster's workers run with token authentication."""
+    if os.environ.get(WITHOUT_AUTH) == "1":
+        return
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        raise authentication_refusal("this process connected to Ray without token authentication")
+    if ray.get(store.authentication.remote(), timeout=BOOT_TIMEOUT_S) != "token":
+        raise authentication_refusal("the Ray cluster runs its workers without token authentication")
+
+
+def private_token() -> None:
+    """Ray writes its token to ~/.ray/auth_token readable by everyone: only its owner may read it."""
+    path = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    try:
+        if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+    except OSError:
+        pass
+
+
+def loopback_interface() -> str | None:
+    """The name of the interface holding 127.0.0.1 ('lo' on Linux), for the transport of a pool on one machine."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addresses):
+            return name
+    return None
 
 
 # --- the pool ---
@@ -164,42 +255,77 @@ def comfy_args() -> dict:
 
 class Pool:
     def __init__(self, plan: core.ParallelPlan):
+        global _STARTING
         ray = ray_module()
         self.plan, self.ray = plan, ray
-        self.started_cluster = False
         self.connected = False  # whether this pool connected this process to Ray (it disconnects it again)
-        self.actors, self.pids = [], []
+        self.temp_dir = None  # a local cluster's own folder (its session, sockets and logs), removed on release
+        self.actors, self.pids, self.store = [], [], None
         self.released = False
         self.in_comfy = False  # whether the stand-in is loaded in ComfyUI for this pool
         cpu = plan.backend == "gloo"
         needs = {"num_cpus": plan.cpu_threads if cpu else 1,
                  "num_gpus": 0 if cpu else sum(d == "cuda" for d in plan.devices)}
-        if not ray.is_initialized():
-            address = os.environ.get("RAY_ADDRESS")
-            if address:  # join that cluster: releasing the workers disconnects and leaves it up
-                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-            else:  # a new local cluster with only what the plan needs (never the last one `ray start` began)
-                ray.init(address="local", num_cpus=needs["num_cpus"] * plan.workers + 1, num_gpus=needs["num_gpus"],
-                         include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-                self.started_cluster = True
-            self.connected = True
+        address = os.environ.get("RAY_ADDRESS")
+        check_authentication(ray, cluster=bool(address))
+        _STARTING = self
         try:
+            if not ray.is_initialized():
+                if address:  # join that cluster: releasing the workers disconnects and leaves it up
+                    ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                             logging_level=logging.WARNING)
+                else:  # a new local cluster with only what the plan needs, in a folder of its own
+                    self.temp_dir = tempfile.mkdtemp(prefix="wan22-ray-")
+                    ray.init(address="local", num_cpus=needs["num_cpus"] * plan.workers + 1,
+                             num_gpus=needs["num_gpus"], include_dashboard=False, log_to_driver=False,
+                             logging_level=logging.WARNING, _temp_dir=self.temp_dir)
+                self.connected = True
+                private_token()
             ray.cloudpickle.register_pickle_by_value(sys.modules[parallel_actor.__name__])
+            self.alive()
+            self.store = ray.remote(parallel_actor.Rendezvous).options(num_cpus=0).remote()
+            check_authenticated(ray, self.store)
             actor = ray.remote(parallel_actor.ParallelActor)
             for rank, device in enumerate(plan.devices):
                 gpus = 1 if device == "cuda" else 0
+                self.alive()
                 self.actors.append(actor.options(num_cpus=needs["num_cpus"], num_gpus=gpus, max_concurrency=4)
                                    .remote(rank, plan.workers, physical(device), plan.cpu_threads, comfy_root()))
-            master, port = ray.get(self.actors[0].address.remote(), timeout=BOOT_TIMEOUT_S)
             pack_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             pack_name = __name__.rsplit(".nodes.", 1)[0]
-            self.pids = self.wait([a.boot.remote(pack_dir, pack_name, comfy_args(), master, port)
+            loopback = None if address else loopback_interface()
+            self.pids = self.wait([a.boot.remote(pack_dir, pack_name, comfy_args(), self.store, loopback)
                                    for a in self.actors], deadline=time.monotonic() + BOOT_TIMEOUT_S)
             stand_in().load()
             self.in_comfy = True
         except BaseException:
             self.release()
             raise
+        finally:
+            _STARTING = None
+
+    def cluster_processes(self) -> list:
+        """The processes of the local cluster this pool started: this process's children that work in its
+        folder (GCS, raylet, ...) and everything they started (agents, workers). Ray's agents outlive its
+        shutdown by about a minute otherwise."""
+        if self.temp_dir is None:
+            return []
+        import psutil
+
+        found = {}
+        for child in psutil.Process().children():
+            try:
+                if self.temp_dir in " ".join(child.cmdline()):
+                    found.update({p.pid: p for p in (child, *child.children(recursive=True))})
+            except psutil.Error:
+                pass
+        return list(found.values())
+
+    def alive(self) -> None:
+        """Raises once the pool was stopped (ComfyUI exiting): a Ray call after that would start a new cluster
+        (Ray connects by itself when it is not)."""
+        if self.released:
+            raise RuntimeError("the workers were released (ComfyUI is exiting)")
 
     def describe(self, rank: int) -> str:
         return f"worker {rank} ({self.plan.devices[rank]})"
@@ -210,6 +336,7 @@ class Pool:
         ray = self.ray
         pending = list(refs)
         while pending:
+            self.alive()
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             for ref in done:
                 try:
@@ -230,6 +357,8 @@ class Pool:
         out of memory) is named with its device, and the rest released; a refusal or an interrupt that every
         worker made at the same call leaves them usable; anything else releases them (the others may be
         waiting in a collective for the one that failed)."""
+        if self.released:  # stopped meanwhile (ComfyUI exiting): no Ray call may follow
+            return RuntimeError(f"the workers were released during the run ({error})")
         ray = self.ray
         others = [r for r in refs if r is not first]
         _, late = ray.wait(others, num_returns=len(others), timeout=GRACE_S)
@@ -270,6 +399,8 @@ class Pool:
                     a.interrupt.remote(job["run"])
 
         def on_poll():
+            if self.released:
+                return
             if comfy.model_management.processing_interrupted():
                 interrupt()
             try:
@@ -286,6 +417,7 @@ class Pool:
                 except comfy.model_management.InterruptProcessingException:
                     interrupt()  # ComfyUI's server hook raises it for a cancel: the workers stop together
         try:
+            self.alive()
             job_ref = ray.put(job)
             refs += [a.run.remote(job_ref) for a in self.actors]
             answers = self.wait(refs, on_poll=on_poll)
@@ -302,23 +434,45 @@ class Pool:
 
     def release(self) -> None:
         """Stops the workers (and the local cluster this pool started); safe to call more than once."""
-        global _POOL
         with _LOCK:
-            if self.released:
-                return
-            self.released = True
-            if _POOL is self:
-                _POOL = None
-            for a in self.actors:
-                try:
-                    self.ray.kill(a, no_restart=True)
-                except Exception:
-                    pass
-            if self.connected:
-                self.ray.shutdown()  # stops the local cluster this pool started; only disconnects from a joined one
-            if self.in_comfy:
-                self.in_comfy = False
-                stand_in().remove()
+            self.stop()
+
+    def stop(self) -> None:
+        """What release does, without the pool's lock: at exit a pool may be starting under it."""
+        global _POOL
+        if self.released:
+            return
+        self.released = True
+        if _POOL is self:
+            _POOL = None
+        for a in [*self.actors, *([self.store] if self.store is not None else [])]:
+            try:
+                self.ray.kill(a, no_restart=True)
+            except Exception:
+                pass
+        cluster = self.cluster_processes()
+        if self.connected:
+            self.ray.shutdown()  # stops the local cluster this pool started; only disconnects from a joined one
+        stop_processes(cluster)
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if self.in_comfy:
+            self.in_comfy = False
+            stand_in().remove()
+
+
+def stop_processes(processes: list, grace_s: float = 3.0) -> None:
+    """Terminate what is still running of these processes after `grace_s`, then kill what ignores that."""
+    import psutil
+
+    alive = processes
+    for stop in (psutil.Process.terminate, psutil.Process.kill):
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+        for process in alive:
+            try:
+                stop(process)
+            except psutil.Error:
+                pass
 
 
 def pool_for(plan: core.ParallelPlan) -> Pool:
@@ -346,6 +500,37 @@ def worker_pids() -> list[int]:
 
 
 atexit.register(release)
+
+
+def release_for_exit() -> None:
+    """Stops the workers and the local cluster as ComfyUI exits, the warm pool's and one starting (whose
+    start holds the pool's lock: the process is ending, so this does not wait for it)."""
+    for pool in {id(p): p for p in (_POOL, _STARTING) if p is not None}.values():
+        pool.stop()
+
+
+def release_on_termination() -> None:
+    """SIGTERM ends Python without its exit handlers, and SIGINT's KeyboardInterrupt reaches them only once
+    ComfyUI has wound down: the workers and the local Ray cluster would outlive ComfyUI, or keep it waiting.
+    These handlers release them first, then do what was there before (terminate; raise KeyboardInterrupt). They
+    are installed once, from the main thread, when the pack loads (a signal handler can only be set there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+        if getattr(previous, "wan22_release", False):
+            continue
+
+        def on_signal(number, frame, previous=previous):
+            release_for_exit()
+            if callable(previous):
+                previous(number, frame)
+            elif previous != signal.SIG_IGN:
+                signal.signal(number, signal.SIG_DFL)
+                os.kill(os.getpid(), number)
+
+        on_signal.wan22_release = True
+        signal.signal(signum, on_signal)
 
 
 # --- one run ---

@@ -11,12 +11,52 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import socket
 import sys
 from datetime import timedelta
 
 # A collective that waits this long for a rank has lost it (the driver releases the workers well before).
 GROUP_TIMEOUT_S = 600
+
+
+class Rendezvous:
+    """The group's rendezvous store, kept in a Ray actor: the workers exchange their addresses through Ray's
+    authenticated channel, and no store listens on a port of its own (parallel_worker.RayStore is the
+    torch.distributed side)."""
+
+    def __init__(self):
+        self.keys: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def get(self, key: str):
+        return self.keys.get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.keys.get(key, b"0")) + amount
+        self.keys[key] = str(value).encode()
+        return value
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        current = self.keys.get(key)
+        if (current is None and not expected) or current == expected:
+            self.keys[key] = desired
+            return desired
+        return expected if current is None else current
+
+    def delete_key(self, key: str) -> bool:
+        return self.keys.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        return len(self.keys)
+
+    def authentication(self) -> str:
+        """The token authentication of the cluster's worker processes, as Ray reports it here ("token" or not)."""
+        try:
+            from ray._raylet import AuthenticationMode, get_authentication_mode
+        except ImportError:
+            return "unknown"
+        return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
 
 
 class ParallelActor:
@@ -28,16 +68,11 @@ class ParallelActor:
             sys.path.insert(0, comfy_root)
         self.worker = None
 
-    def address(self) -> tuple[str, int]:
-        """Where the group's rendezvous listens: this worker's host and a free port on it (rank 0 only)."""
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
-
-    def boot(self, pack_dir: str, pack_name: str, comfy_args: dict, master: str, port: int) -> int:
+    def boot(self, pack_dir: str, pack_name: str, comfy_args: dict, store, loopback: str | None) -> int:
+        """ComfyUI and the pack in this process, then the group: its rendezvous through `store` (a Rendezvous
+        actor), and, for a pool on one machine, the transport's sockets on the `loopback` interface only."""
+        if loopback is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback
         import torch
 
         if self.device == "cpu":
@@ -56,7 +91,7 @@ class ParallelActor:
         worker = importlib.import_module(f"{pack_name}.nodes.parallel_worker")
         import torch.distributed as dist
 
-        dist.init_process_group("gloo" if self.device == "cpu" else "nccl", init_method=f"tcp://{master}:{port}",
+        dist.init_process_group("gloo" if self.device == "cpu" else "nccl", store=worker.RayStore(store),
                                 rank=self.rank, world_size=self.world, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
         self.worker = worker.Worker(self.rank, self.world)
         return os.getpid()

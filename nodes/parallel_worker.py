@@ -11,10 +11,61 @@ import threading
 import time
 
 import comfy.utils
+import ray
 import torch
+import torch.distributed as dist
 
 from . import engine
 from .sequence_parallel import SequenceParallel
+
+STORE_POLL_S = 0.01  # how often a waiting rank looks for a key another rank has yet to set
+
+
+def as_bytes(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class RayStore(dist.Store):
+    """torch.distributed's rendezvous store over a Rendezvous actor (parallel_actor): every key goes through
+    Ray, so only a process of the cluster (authenticated by Ray's token) reads or writes it."""
+
+    def __init__(self, actor, timeout_s: float = 600.0):
+        super().__init__()
+        self.actor, self.timeout_s = actor, timeout_s
+
+    def call(self, method: str, *args):
+        return ray.get(getattr(self.actor, method).remote(*args))
+
+    def set(self, key, value) -> None:
+        self.call("set", key, as_bytes(value))
+
+    def get(self, key) -> bytes:
+        self.wait([key])
+        return self.call("get", key)
+
+    def add(self, key, amount) -> int:
+        return self.call("add", key, int(amount))
+
+    def compare_set(self, key, expected, desired) -> bytes:
+        return self.call("compare_set", key, as_bytes(expected), as_bytes(desired))
+
+    def check(self, keys) -> bool:
+        return all(self.call("get", key) is not None for key in keys)
+
+    def wait(self, keys, timeout=None) -> None:
+        limit = timeout.total_seconds() if timeout is not None else self.timeout_s
+        deadline = time.monotonic() + limit
+        for key in keys:
+            while self.call("get", key) is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the rendezvous key {key!r} was not set within {limit:.0f} s")
+                time.sleep(STORE_POLL_S)
+
+    def delete_key(self, key) -> bool:
+        return self.call("delete_key", key)
+
+    def num_keys(self) -> int:
+        return self.call("num_keys")
 
 
 class Worker:
@@ -37,6 +88,9 @@ class Worker:
         model = base.clone()
         model.patches = {key: list(patches) for key, patches in spec["patches"].items()}
         model.patches_uuid = spec["patches_uuid"]  # the received MODEL's: unchanged patches stay applied
+        if spec.get("attention") is not None:  # the MODEL's attention override, inside the sequence split
+            model.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = \
+                spec["attention"]
         return model
 
     def on_progress(self, value, total, _preview=None, node_id=None):

@@ -7,9 +7,10 @@ time, and is removed when the call returns:
   cut to this rank's shard, the RoPE frequencies (and a per-token modulation, where a model has one) are cut
   to match on every entry, and the last entry's output is gathered back, so the head sees the whole sequence;
 - self-attention runs through ComfyUI's `optimized_attention_override`: yunchang's all-to-all gives each rank
-  every token for its share of the heads, ComfyUI's own attention runs on that, and the all-to-all back
-  returns the rank's tokens with every head. Cross-attention (the text is never split) and the feed-forward
-  run locally;
+  every token for its share of the heads, ComfyUI's own attention runs on that (or the override the MODEL
+  already carries, sage or flash attention say, as the inner attention), and the all-to-all back returns the
+  rank's tokens with every head. Cross-attention (the text is never split) and the feed-forward run locally,
+  through the MODEL's override where it has one;
 - before each call every rank agrees (one all-reduce) on a cancel, so all stop at the same call and none waits
   in a collective for one that stopped, and on the call's batch: ComfyUI batches the prompts by each process's
   free memory, and ranks that batched them differently would exchange shards of different sizes.
@@ -54,6 +55,7 @@ class SequenceParallel:
         self.contexts: dict[str, list] = {}
         self.in_self_attention = False
         self.tokens = None
+        self.inner = None  # the MODEL's own attention override, if any, for the current call
 
     def attach(self, model, stage: str) -> None:
         model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY,
@@ -96,6 +98,8 @@ class SequenceParallel:
     def diffusion_model_call(self, stage, executor, *args, **kwargs):
         self.agree(int(call_argument(executor, args, kwargs, "x").shape[0]))
         options = call_argument(executor, args, kwargs, "transformer_options")
+        inner = options.get("optimized_attention_override")
+        self.inner = None if getattr(inner, "__self__", None) is self else inner
         options["optimized_attention_override"] = self.attention
         diffusion_model = executor.class_obj
         if stage not in self.contexts:
@@ -145,9 +149,15 @@ class SequenceParallel:
 
     # --- self-attention across the ranks ---
 
+    def attend(self, func, *args, **kwargs):
+        """ComfyUI's attention, through the MODEL's own override when it has one (as one process runs it)."""
+        if self.inner is not None:
+            return self.inner(func, *args, **kwargs)
+        return func(*args, **kwargs)
+
     def attention(self, func, *args, **kwargs):
         if not self.in_self_attention:
-            return func(*args, **kwargs)
+            return self.attend(func, *args, **kwargs)
         q, k, v = args[:3]
         heads = kwargs.get("heads", args[3] if len(args) > 3 else None)
         if kwargs.get("mask") is not None or kwargs.get("skip_reshape") or q.dim() != 3 or heads % self.world:
@@ -165,8 +175,8 @@ class SequenceParallel:
         q, k, v = (scatter_heads(t) for t in (q, k, v))
         n = q.shape[1]
         rest = dict(kwargs, heads=local)
-        out = func(q.reshape(b, n, local * d), k.reshape(b, n, local * d), v.reshape(b, n, local * d),
-                   *args[4:], **rest)
+        out = self.attend(func, q.reshape(b, n, local * d), k.reshape(b, n, local * d),
+                          v.reshape(b, n, local * d), *args[4:], **rest)
         out = self.timed(all_to_all, out.reshape(b, n, local, d), 1, 2)
         return out.reshape(b, s, heads * d)
 

@@ -160,6 +160,23 @@ def tiny_models_server(tmp_path_factory, tiny_models):
         yield running
 
 
+@pytest.fixture
+def tiny_models_server_factory(tmp_path_factory, tiny_models):
+    """Real ComfyUI servers of the test's own on the tiny models (a test that ends their process), each stopped
+    at the test's end if it still runs."""
+    from devtools.comfy_server import ComfyServer
+
+    started = []
+
+    def start(name: str):
+        server = ComfyServer(tiny_models_server_base(tmp_path_factory, tiny_models, name)).start()
+        started.append(server)
+        return server
+    yield start
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def gguf_server(tmp_path_factory, tiny_models):
     """A real ComfyUI server on the tiny models with ComfyUI-GGUF installed beside the pack (skipped where its

@@ -8,21 +8,28 @@ RECORDED = {"attention": [], "replace": []}
 
 class RecordAttention:
     """An attention override that records (call, block index, block count) and scales the attention's result
-    by 1 + 0.01 x the block index, so that a wrong index changes the output."""
+    by 1 + 0.01 x the block index, so that a wrong index changes the output. With `record_to`, it also appends
+    "pid heads tokens" of each call to that file (what another process, a parallel worker, ran)."""
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",)}}
+        return {"required": {"model": ("MODEL",)}, "optional": {"record_to": ("STRING", {"default": ""})}}
 
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "patch"
     CATEGORY = "testing"
 
-    def patch(self, model):
+    def patch(self, model, record_to=""):
         def override(func, *args, **kwargs):
+            import os
+
             options = kwargs.get("transformer_options", {})
             index = options.get("block_index")
             RECORDED["attention"].append((id(options), index, options.get("total_blocks")))
+            if record_to:
+                heads = kwargs.get("heads", args[3] if len(args) > 3 else None)
+                with open(record_to, "a", encoding="utf-8") as f:
+                    f.write(f"{os.getpid()} {heads} {args[0].shape[1]}\n")
             return func(*args, **kwargs) * (1.0 + 0.01 * (index or 0))
 
         clone = model.clone()

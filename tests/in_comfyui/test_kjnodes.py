@@ -73,3 +73,24 @@ def test_kjnodes_skip_layer_guidance_fails_as_it_fails_on_comfyuis_own_wan_graph
     assert failed_at_run(kj_comfyui, ours) == theirs
     for model in diffusion_models(kj_comfyui).values():
         assert leftovers_of_the_cache(model) == []
+
+
+def test_kjnodes_sage_attention_patch_runs_inside_the_parallel_split_equal_to_one_process(
+        kj_comfyui, tiny_models, parallel_experts, sage_standin):
+    """KJNodes' sage override goes to the parallel plan's workers and runs there as the split's inner
+    attention (its stand-in pickled by value with it): the result equals one process with the same patch."""
+    pytest.importorskip("ray", reason="the parallel plan needs Ray (requirements-dev.txt)")
+    pytest.importorskip("yunchang", reason="the parallel plan needs yunchang (requirements-dev.txt)")
+    from . import prompts as P
+    from .test_parallel import RUN, near_one_process, with_plan
+
+    high, low = parallel_experts[("t2v", "high")], parallel_experts[("t2v", "low")]
+    prompt = P.our_prompt(P.on_each_expert(P.bridged(high, low), "PathchSageAttentionKJ", sage_attention="auto"),
+                          P.text_folder(tiny_models), **{**RUN, "cfg": (1.0, 1.0)})
+    run_ok(kj_comfyui, prompt)
+    alone = P.latent_of(kj_comfyui, "5")
+    assert sage_standin, "the sage patch should run in one process"
+    sage_standin.clear()
+    run_ok(kj_comfyui, with_plan(prompt))
+    assert near_one_process(P.latent_of(kj_comfyui, "5"), alone)
+    assert not sage_standin, "with the plan, the workers run it, not this process"

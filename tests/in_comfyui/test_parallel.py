@@ -226,7 +226,6 @@ def test_no_worker_is_left_after_the_plan_is_removed_or_comfyui_unloads_models(c
     (dict(ulysses_degree=1), "ulysses_degree: 1 splits nothing"),
     (dict(workers=2, ulysses_degree=3), "ulysses_degree: 3 does not divide the experts' 2 "
                                                                  "attention heads"),
-    (dict(workers=3, ulysses_degree=2, devices="cpu, cpu, cpu"), "ulysses_degree: 2 with 3 workers"),
     (dict(workers=3, ulysses_degree=3), "workers: more workers (3) than devices (2: cpu, cpu)"),
     (dict(devices="cpu, cuda:0"), "devices: 'cpu, cuda:0' mixes CPU and GPU workers"),
     (dict(devices="tpu"), "devices: 'tpu' is not a device list"),
@@ -251,13 +250,35 @@ def test_without_ray_the_node_says_how_to_install_it(comfyui, tiny_models, paral
 def test_a_model_patch_the_workers_cannot_rebuild_is_refused_by_name(comfyui, tiny_models, parallel_experts,
                                                                      probe_nodes):
     high, low = parallel_experts[("t2v", "high")], parallel_experts[("t2v", "low")]
-    prompt = P.our_prompt(P.on_each_expert(P.bridged(high, low), "Wan22TestRecordAttention"),
+    prompt = P.our_prompt(P.on_each_expert(P.bridged(high, low), "Wan22TestReplaceBlock", block=0),
                           P.text_folder(tiny_models), **RUN)
     message = P.failed_at_run(comfyui, with_plan(prompt))
-    assert "carries model patches the workers cannot rebuild (transformer option optimized_attention_override" \
-           in message, message
-    assert not probe_nodes["attention"], "nothing may run before the refusal"
+    assert "carries model patches the workers cannot rebuild (transformer option patches_replace" in message, message
+    assert not probe_nodes["replace"], "nothing may run before the refusal"
 
+
+def test_an_attention_override_on_the_model_is_the_splits_inner_attention_equal_to_one_process(
+        comfyui, tiny_models, parallel_experts, probe_nodes, tmp_path):
+    """The override (one that scales each block's attention differently, as sage or flash attention nodes put
+    theirs) is sent to the workers and runs inside the sequence split: self-attention on each rank's share of
+    the heads, cross-attention with every head; the result equals one process with the same override."""
+    high, low = parallel_experts[("t2v", "high")], parallel_experts[("t2v", "low")]
+    record = tmp_path / "calls.txt"
+    prompt = P.our_prompt(P.on_each_expert(P.bridged(high, low), "Wan22TestRecordAttention", record_to=str(record)),
+                          P.text_folder(tiny_models), **{**RUN, "cfg": (1.0, 1.0)})
+    P.run_ok(comfyui, P.our_prompt(P.bridged(high, low), P.text_folder(tiny_models), **{**RUN, "cfg": (1.0, 1.0)}))
+    plain = P.latent_of(comfyui, "5")
+    P.run_ok(comfyui, prompt)
+    alone = P.latent_of(comfyui, "5")
+    assert not near_one_process(alone, plain), "the override should change the result"
+    record.unlink()
+    P.run_ok(comfyui, with_plan(prompt))
+    assert near_one_process(P.latent_of(comfyui, "5"), alone)
+    workers = parallel_module(comfyui).worker_pids()
+    calls = [line.split() for line in record.read_text().splitlines()]
+    assert {int(pid) for pid, _, _ in calls} == set(workers)  # run by the workers, none by this process
+    heads = {(int(pid), int(h)) for pid, h, _ in calls}
+    assert heads == {(pid, h) for pid in workers for h in (1, 2)}  # self-attention on 1 of the 2 heads each
 
 
 @pytest.mark.parametrize("key", ["control", "hooks", "gligen"])
