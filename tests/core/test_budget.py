@@ -131,3 +131,18 @@ def test_a_budget_only_the_calibration_run_meets_is_refused_naming_the_confirmin
     confirm, _ = stand_in({"high": 1000.0, "low": 1000.0})
     with pytest.raises(Wan22InputError, match=r"^error_budget: 0.03 cannot be met: .* on the confirming seed"):
         B.calibrate(0.03, ("high", "low"), measure, UNCACHED, confirm=confirm)
+
+
+def test_no_expert_can_step_up_a_rung_that_caches_more_and_still_meets_the_target():
+    """The search uses the headroom the ladder's steps leave: from its result, one rung up on any cached expert
+    either caches nothing more or misses the target on the calibration run or the confirming one."""
+    measure, _ = stand_in({"high": 0.5, "low": 0.05})  # low's share alone leaves room beside high's
+    confirm, _ = stand_in({"high": 0.5, "low": 0.05})
+    for budget in (0.01, 0.03, 0.05):
+        result = B.calibrate(budget, ("high", "low"), measure, UNCACHED, confirm=confirm)
+        for role, threshold in result.thresholds.items():
+            if threshold is None or threshold == B.LADDER[-1]:
+                continue
+            higher = {**result.thresholds, role: B.LADDER[B.LADDER.index(threshold) + 1]}
+            assert (measure(higher).block_forwards >= result.block_forwards
+                    or max(measure(higher).error, confirm(higher).error) > budget * B.MARGIN), (budget, role)
