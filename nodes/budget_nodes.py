@@ -94,7 +94,7 @@ class Wan22CacheBudget(io.ComfyNode):
             description="Asks for a quality instead of a threshold: runs the given run once without the cache and "
                         "then with candidate thresholds on each expert, and hands on the experts with the per-expert "
                         "thresholds that keep the final latent within error_budget (relative L2 to the uncached "
-                        "run), on that run and on the same run at the next seed. It costs about a dozen runs, once: "
+                        "run), on that run and on the same run at the next seed. It costs 15 to 30 runs, once: "
                         "ComfyUI keeps its output while its inputs stay the same, so calibrate on a short or small "
                         "run and keep it for others with the same sampler, steps, shift and CFG.",
             inputs=[
