@@ -42,7 +42,9 @@ def listening(processes) -> list[tuple[int, str, int]]:
 
 
 def on_loopback(address: str) -> bool:
-    return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, as a dual-stack socket shows IPv4 loopback
+    return (mapped or ip).is_loopback
 
 
 def is_ray_process(pid: int) -> bool:
