@@ -70,7 +70,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+# make test keeps the first case; the others run under `make test-slow` (CI runs both), to keep make test
+# under 20 minutes on two cores.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if i == 0 else pytest.mark.slow, id=c)
+                                  for i, c in enumerate(CASES)])
 def test_uncached_run_equals_one_process(comfyui, tiny_models, parallel_experts, start_image, case):
     c = dict(CASES[case])
     task, lora, experts = c.pop("task"), c.pop("lora", False), c.pop("experts", "both")
@@ -91,6 +94,7 @@ def test_uncached_run_equals_one_process(comfyui, tiny_models, parallel_experts,
     assert not torch.equal(split, torch.zeros_like(split))
 
 
+@pytest.mark.slow
 def test_three_stages_with_the_lead_on_workers_equal_one_process(comfyui, tiny_models, parallel_experts):
     """The three-stage recipe: the lead stage's expert (the loader's, without the LoRAs) is rebuilt in each
     worker as well, and the three stages equal one process's."""
@@ -155,6 +159,7 @@ def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_expert
 LONG = dict(sampler="euler", steps=60, cfg=(1.0, 1.0), width=64, height=64, length=9)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_is_a_clear_error_then_the_prompt_runs_clean(comfyui, tiny_models, parallel_experts,
                                                                            progress_hook):
     prompt = with_plan(two_heads(parallel_experts, tiny_models, **LONG))
@@ -179,7 +184,8 @@ def test_a_worker_killed_mid_run_is_a_clear_error_then_the_prompt_runs_clean(com
     assert torch.equal(after, P.latent_of(comfyui, "5"))
 
 
-@pytest.mark.parametrize("server_hook", [False, True], ids=["flag", "server-hook"])
+@pytest.mark.parametrize("server_hook", [pytest.param(False, marks=pytest.mark.slow, id="flag"),
+                                         pytest.param(True, id="server-hook")])
 def test_an_interrupt_stops_every_worker_then_the_prompt_runs_clean(comfyui, tiny_models, parallel_experts,
                                                                    progress_hook, server_hook):
     """A cancel as POST /interrupt sets it (the flag the run polls), and as ComfyUI's server progress hook then

@@ -193,7 +193,7 @@ def test_bounds_are_refused_by_name_before_any_worker_starts(comfyui, tiny_model
     assert words in message, message
 
 
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signal_name", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
 def test_terminating_comfyui_mid_run_stops_every_worker_and_ray(tiny_models_server_factory, tiny_models,
                                                                  parallel_experts, signal_name):
     """A real server, a parallel run under way, then ComfyUI is sent the signal: a few seconds later no
