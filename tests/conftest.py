@@ -160,10 +160,10 @@ def tiny_models_server(tmp_path_factory, tiny_models):
         yield running
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiny_models_server_factory(tmp_path_factory, tiny_models):
-    """Real ComfyUI servers of the test's own on the tiny models (a test that ends their process), each stopped
-    at the test's end if it still runs."""
+    """Real ComfyUI servers of a test module's own on the tiny models (for tests that end their process or
+    count what it holds), each stopped at the module's end if it still runs."""
     from devtools.comfy_server import ComfyServer
 
     started = []

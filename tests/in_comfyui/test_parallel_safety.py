@@ -244,26 +244,23 @@ def settled(server, within=60.0) -> dict:
 
 
 @pytest.fixture(scope="module")
-def plan_cycles(tmp_path_factory, tiny_models, parallel_experts):
+def plan_cycles(tiny_models_server_factory, tiny_models, parallel_experts):
     """A real server's resources before and after ten plan / no-plan cycles (after two cycles first: the first
     ones import Ray and start the threads it keeps)."""
-    from devtools.comfy_server import ComfyServer
+    server = tiny_models_server_factory("plan_cycles")
 
-    base = tmp_path_factory.mktemp("plan_cycles")
-    os.symlink(tiny_models["dir"], base / "models")
-    with ComfyServer(str(base)) as server:
-        def cycle(seed: int):  # a new seed each time: ComfyUI would serve a repeated prompt from its cache
-            prompt = two_heads(parallel_experts, tiny_models, cfg=(1.0, 1.0), seed=seed)
-            for graph in (with_plan(prompt), prompt):  # the run without the plan releases the workers
-                prompt_id = server.queue(graph)[1]["prompt_id"]
-                entry = server.wait(prompt_id)
-                assert entry["status"]["status_str"] == "success", entry["status"]
-        cycle(0)
-        cycle(1)
-        before = settled(server)
-        for seed in range(2, 12):
-            cycle(seed)
-        yield before, settled(server)
+    def cycle(seed: int):  # a new seed each time: ComfyUI would serve a repeated prompt from its cache
+        prompt = two_heads(parallel_experts, tiny_models, cfg=(1.0, 1.0), seed=seed)
+        for graph in (with_plan(prompt), prompt):  # the run without the plan releases the workers
+            prompt_id = server.queue(graph)[1]["prompt_id"]
+            entry = server.wait(prompt_id)
+            assert entry["status"]["status_str"] == "success", entry["status"]
+    cycle(0)
+    cycle(1)
+    before = settled(server)
+    for seed in range(2, 12):
+        cycle(seed)
+    yield before, settled(server)
 
 
 @pytest.mark.slow
