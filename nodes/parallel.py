@@ -1,10 +1,13 @@
 """The workers of a parallel plan, from ComfyUI's side: Ray actors (parallel_actor), one per device, in one
 torch.distributed group, started for a plan and kept warm (their experts loaded) while runs use the same plan.
+A Ray driver in a process of its own (parallel_driver) starts and serves them: ComfyUI's process never connects
+to Ray, and what Ray's client keeps goes with that process.
 
 They are released when a run uses another plan or none, when ComfyUI frees memory or unloads its models (they
 stand in ComfyUI's model management as one tiny model, whose unloading releases them), when a worker fails,
-and when ComfyUI exits. A local Ray cluster is started with only what the plan needs, and stopped with the
-workers; with RAY_ADDRESS set, the workers join that cluster instead (several machines), which stays up.
+and when ComfyUI exits (or is killed: the driver sees its pipe close). A local Ray cluster is started with only
+what the plan needs, and stopped with the workers; with RAY_ADDRESS set, the workers join that cluster instead
+(several machines), which stays up.
 
 What crosses to the workers is small: each expert's loader factory (ComfyUI's `cached_patcher_init`: the
 file and its options), the run's weight patches (LoRAs), the schedule, the conditioning and the latent. The
@@ -15,29 +18,34 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import logging
 import os
 import shutil
 import signal
-import stat
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from multiprocessing.connection import Connection
 
 import comfy.model_management
 import comfy.patcher_extension
 import comfy.utils
 
-from . import parallel_actor
+from . import parallel_actor, parallel_driver
 from .core import parallel as core
 from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
 
-POLL_S = 0.2  # how often a run looks at its workers (progress, interrupt, a worker gone)
+POLL_S = 0.2  # how often a run looks at the driver's pipe (and at ComfyUI's interrupt)
 BOOT_TIMEOUT_S = 600  # a hang guard only: each worker imports torch and ComfyUI first
-GRACE_S = 10  # how long the other workers may take to answer once one has failed
+GRACE_S = parallel_driver.GRACE_S  # how long the other workers may take to answer once one has failed
+STOP_S = 60  # a hang guard only: the driver stops the workers and the cluster within seconds
+# The driver as a script, with neither the working folder nor its own (the pack's nodes/, whose types.py would
+# shadow Python's) on its path.
+DRIVER_MAIN = ("import runpy, sys; del sys.path[0]; sys.argv = sys.argv[1:]; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")
 # Object patches ComfyUI's own nodes put on a Wan MODEL that the workers rebuild: the flow shift
 # (ModelSamplingSD3), which every stage sets again from the schedule.
 REBUILT_OBJECT_PATCHES = ("model_sampling",)
@@ -135,10 +143,7 @@ def attention_override(model, what: str):
 # --- what the pool exposes ---
 
 def authentication_refusal(why: str) -> Wan22InputError:
-    return Wan22InputError("workers", f"{why}: anyone who can reach the cluster's ports could run code as this "
-                                      "user. Leave RAY_AUTH_MODE unset or set it to token (Ray >= 2.60; a cluster "
-                                      "you join must be started with it too), or set "
-                                      f"{WITHOUT_AUTH}=1 to run without it on a network you trust")
+    return Wan22InputError("workers", str(parallel_driver.authentication_refusal(why, WITHOUT_AUTH)))
 
 
 def check_authentication(ray, cluster: bool) -> None:
@@ -154,28 +159,6 @@ def check_authentication(ray, cluster: bool) -> None:
     if mode is not None and mode.strip().lower() != "token":
         where = "the Ray cluster at RAY_ADDRESS" if cluster else "the local Ray cluster"
         raise authentication_refusal(f"RAY_AUTH_MODE={mode} would run {where} without token authentication")
-
-
-def check_authenticated(ray, store) -> None:
-    """Once connected: this process and the cluster's workers run with token authentication."""
-    if os.environ.get(WITHOUT_AUTH) == "1":
-        return
-    from ray._raylet import AuthenticationMode, get_authentication_mode
-
-    if get_authentication_mode() != AuthenticationMode.TOKEN:
-        raise authentication_refusal("this process connected to Ray without token authentication")
-    if ray.get(store.authentication.remote(), timeout=BOOT_TIMEOUT_S) != "token":
-        raise authentication_refusal("the Ray cluster runs its workers without token authentication")
-
-
-def private_token() -> None:
-    """Ray writes its token to ~/.ray/auth_token readable by everyone: only its owner may read it."""
-    path = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
-    try:
-        if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
-    except OSError:
-        pass
 
 
 def loopback_interface() -> str | None:
@@ -254,48 +237,42 @@ def comfy_args() -> dict:
 
 
 class Pool:
+    """The workers of one plan, driven by a Ray driver in a process of its own (parallel_driver), over two
+    pipes: ComfyUI's process never connects to Ray."""
+
     def __init__(self, plan: core.ParallelPlan):
         global _STARTING
         ray = ray_module()
-        self.plan, self.ray = plan, ray
-        self.connected = False  # whether this pool connected this process to Ray (it disconnects it again)
-        self.temp_dir = None  # a local cluster's own folder (its session, sockets and logs), removed on release
-        self.actors, self.pids, self.store = [], [], None
+        self.plan = plan
+        self.driver = None  # the driver's process
+        self.incoming = self.outgoing = None  # the pipes from and to it
+        self.sending = threading.Lock()  # a run's interrupt and a release may write at once
+        self.pids, self.gcs_address = [], None
         self.released = False
         self.in_comfy = False  # whether the stand-in is loaded in ComfyUI for this pool
-        cpu = plan.backend == "gloo"
-        needs = {"num_cpus": plan.cpu_threads if cpu else 1,
-                 "num_gpus": 0 if cpu else sum(d == "cuda" for d in plan.devices)}
         address = os.environ.get("RAY_ADDRESS")
         check_authentication(ray, cluster=bool(address))
+        cpu = plan.backend == "gloo"
+        # a local cluster's own folder (its session, sockets and logs), removed on release
+        self.temp_dir = None if address else tempfile.mkdtemp(prefix="wan22-ray-")
+        config = {"address": address, "temp_dir": self.temp_dir, "devices": [physical(d) for d in plan.devices],
+                  "num_cpus": plan.cpu_threads if cpu else 1,
+                  "num_gpus": 0 if cpu else sum(d == "cuda" for d in plan.devices),
+                  "cpu_threads": plan.cpu_threads, "comfy_root": comfy_root(),
+                  "pack_dir": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                  "pack_name": __name__.rsplit(".nodes.", 1)[0], "comfy_args": ray.cloudpickle.dumps(comfy_args()),
+                  "loopback": None if address else loopback_interface(), "boot_timeout_s": BOOT_TIMEOUT_S,
+                  "without_auth": os.environ.get(WITHOUT_AUTH) == "1", "without_auth_variable": WITHOUT_AUTH,
+                  "actor_path": parallel_actor.__file__}
         _STARTING = self
         try:
-            if not ray.is_initialized():
-                if address:  # join that cluster: releasing the workers disconnects and leaves it up
-                    ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                             logging_level=logging.WARNING)
-                else:  # a new local cluster with only what the plan needs, in a folder of its own
-                    self.temp_dir = tempfile.mkdtemp(prefix="wan22-ray-")
-                    ray.init(address="local", num_cpus=needs["num_cpus"] * plan.workers + 1,
-                             num_gpus=needs["num_gpus"], include_dashboard=False, log_to_driver=False,
-                             logging_level=logging.WARNING, _temp_dir=self.temp_dir)
-                self.connected = True
-                private_token()
-            ray.cloudpickle.register_pickle_by_value(sys.modules[parallel_actor.__name__])
-            self.alive()
-            self.store = ray.remote(parallel_actor.Rendezvous).options(num_cpus=0).remote()
-            check_authenticated(ray, self.store)
-            actor = ray.remote(parallel_actor.ParallelActor)
-            for rank, device in enumerate(plan.devices):
-                gpus = 1 if device == "cuda" else 0
-                self.alive()
-                self.actors.append(actor.options(num_cpus=needs["num_cpus"], num_gpus=gpus, max_concurrency=4)
-                                   .remote(rank, plan.workers, physical(device), plan.cpu_threads, comfy_root()))
-            pack_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            pack_name = __name__.rsplit(".nodes.", 1)[0]
-            loopback = None if address else loopback_interface()
-            self.pids = self.wait([a.boot.remote(pack_dir, pack_name, comfy_args(), self.store, loopback)
-                                   for a in self.actors], deadline=time.monotonic() + BOOT_TIMEOUT_S)
+            self.start_driver(config)
+            kind, answer = self.receive(deadline=time.monotonic() + BOOT_TIMEOUT_S + GRACE_S)
+            if kind == "refused":
+                raise Wan22InputError("workers", answer)
+            if kind != "ready":
+                raise RuntimeError(f"the workers did not start: {answer}")
+            self.pids, self.gcs_address = answer["pids"], answer["gcs_address"]
             stand_in().load()
             self.in_comfy = True
         except BaseException:
@@ -304,175 +281,158 @@ class Pool:
         finally:
             _STARTING = None
 
-    def cluster_processes(self) -> list:
-        """The processes of the local cluster this pool started: this process's children that work in its
-        folder (GCS, raylet, ...) and everything they started (agents, workers). Ray's agents outlive its
-        shutdown by about a minute otherwise."""
-        if self.temp_dir is None:
-            return []
-        import psutil
+    def start_driver(self, config: dict) -> None:
+        to_driver, from_driver = os.pipe(), os.pipe()
+        try:
+            self.driver = subprocess.Popen([sys.executable, "-c", DRIVER_MAIN, parallel_driver.__file__,
+                                            str(to_driver[0]), str(from_driver[1])],
+                                           pass_fds=(to_driver[0], from_driver[1]), stdin=subprocess.DEVNULL)
+        finally:
+            os.close(to_driver[0])
+            os.close(from_driver[1])
+        self.outgoing = Connection(to_driver[1], readable=False)
+        self.incoming = Connection(from_driver[0], writable=False)
+        self.send(config)
 
-        found = {}
-        for child in psutil.Process().children():
+    def send(self, message) -> None:
+        with self.sending:
+            if self.outgoing is not None:
+                self.outgoing.send(message)
+
+    def receive(self, deadline=None, on_poll=None) -> tuple:
+        """The driver's next message. Its process gone, or no message by `deadline` (a hang guard), fails."""
+        while True:
+            self.alive()
             try:
-                if self.temp_dir in " ".join(child.cmdline()):
-                    found.update({p.pid: p for p in (child, *child.children(recursive=True))})
-            except psutil.Error:
-                pass
-        return list(found.values())
+                if self.incoming.poll(POLL_S):
+                    message = self.incoming.recv()
+                    return message[0], (message[1] if len(message) > 1 else None)
+            except (EOFError, OSError):
+                self.alive()
+                self.release()
+                raise RuntimeError(f"the workers' driver (process {self.driver.pid}) stopped "
+                                   f"(exit {self.driver.poll()}); the workers were released") from None
+            if deadline is not None and time.monotonic() > deadline:
+                self.release()
+                raise RuntimeError(f"the workers did not answer in {BOOT_TIMEOUT_S} s; they were released")
+            if on_poll is not None:
+                on_poll()
 
     def alive(self) -> None:
-        """Raises once the pool was stopped (ComfyUI exiting): a Ray call after that would start a new cluster
-        (Ray connects by itself when it is not)."""
+        """Raises once the pool was released (ComfyUI exiting, or a release from another thread)."""
         if self.released:
-            raise RuntimeError("the workers were released (ComfyUI is exiting)")
+            raise RuntimeError("the workers were released (ComfyUI is exiting, or their memory was freed)")
 
     def describe(self, rank: int) -> str:
         return f"worker {rank} ({self.plan.devices[rank]})"
 
-    def wait(self, refs, deadline=None, on_poll=None) -> list:
-        """Every worker's answer, in rank order. A worker that fails or is gone fails the wait at once, naming
-        it (`failed`)."""
-        ray = self.ray
-        pending = list(refs)
-        while pending:
-            self.alive()
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except BaseException as e:
-                    raise self.failed(refs, ref, e) from None
-            if deadline is not None and time.monotonic() > deadline and pending:
-                ranks = [refs.index(r) for r in pending]
-                self.release()
-                raise RuntimeError(f"{', '.join(self.describe(r) for r in ranks)} did not answer in "
-                                   f"{BOOT_TIMEOUT_S} s; the workers were released")
-            if on_poll is not None and pending:
-                on_poll()
-        return ray.get(list(refs))
-
-    def failed(self, refs, first, error: BaseException) -> BaseException:
-        """The error of a run one worker failed. The others are given a moment to answer: a worker gone (killed,
-        out of memory) is named with its device, and the rest released; a refusal or an interrupt that every
-        worker made at the same call leaves them usable; anything else releases them (the others may be
-        waiting in a collective for the one that failed)."""
-        if self.released:  # stopped meanwhile (ComfyUI exiting): no Ray call may follow
-            return RuntimeError(f"the workers were released during the run ({error})")
-        ray = self.ray
-        others = [r for r in refs if r is not first]
-        _, late = ray.wait(others, num_returns=len(others), timeout=GRACE_S)
-        errors = {refs.index(first): error}
-        for ref in others:
-            if ref not in late:
-                try:
-                    ray.get(ref, timeout=0)
-                except BaseException as e:
-                    errors[refs.index(ref)] = e
-        gone = [(rank, e) for rank, e in sorted(errors.items()) if isinstance(e, ray.exceptions.RayActorError)]
-        if gone:
+    def failure(self, failed: dict) -> BaseException:
+        """The error of a run a worker failed, as the driver reports it (parallel_driver.Driver.failed): a worker
+        gone is named with its device; a refusal or an interrupt every worker made leaves them usable; anything
+        else releases them (the others may be waiting in a collective for the one that failed)."""
+        rank = failed["rank"]
+        if failed["release"]:
             self.release()
-            rank, e = gone[0]
-            return Wan22InputError("workers", f"{self.describe(rank)} stopped mid-run ({type(e).__name__}); the "
+        if failed["kind"] == "gone":
+            return Wan22InputError("workers", f"{self.describe(rank)} stopped mid-run ({failed['text']}); the "
                                               "workers were released, and the next run starts fresh ones")
-        cause = getattr(error, "cause", None) if isinstance(error, ray.exceptions.RayTaskError) else None
-        # only a refusal or a cancel that every rank made at the same call leaves the group in a known state
-        safe = (Wan22InputError, comfy.model_management.InterruptProcessingException)
-        same = len(errors) == len(refs) and all(type(getattr(e, "cause", None)) is type(cause)
-                                                for e in errors.values())
-        if not (isinstance(cause, safe) and same):
-            self.release()
-        if cause is not None:
-            return cause
-        return RuntimeError(f"{self.describe(refs.index(first))} failed: {error}; the workers were released")
+        if failed["payload"] is not None:
+            try:
+                return ray_module().cloudpickle.loads(failed["payload"])
+            except Exception:
+                pass
+        return RuntimeError(f"{self.describe(rank)} failed: {failed['text']}"
+                            + ("; the workers were released" if failed["release"] else ""))
 
     def run(self, job: dict) -> list[dict]:
-        ray = self.ray
-        job = {**job, "run": uuid.uuid4().hex}  # a cancel names its run: one that comes late cancels no other
-        refs = []
-        state = {"bar": None, "seen": None, "interrupted": False}
+        ray = ray_module()
+        run_id = uuid.uuid4().hex  # a cancel names its run: one that comes late cancels no other
+        state = {"bar": None, "interrupted": False}
 
         def interrupt():
             if not state["interrupted"]:
                 state["interrupted"] = True
-                for a in self.actors:
-                    a.interrupt.remote(job["run"])
+                self.send(("interrupt", run_id))
 
         def on_poll():
-            if self.released:
-                return
             if comfy.model_management.processing_interrupted():
                 interrupt()
-            try:
-                progress = ray.get(self.actors[0].progress.remote(), timeout=5)
-            except Exception:
-                return  # a worker gone: the wait names it
-            if progress is not None and progress != state["seen"]:
-                bar, value, total = progress
-                if state["bar"] is None or state["bar"][0] != bar:
-                    state["bar"] = (bar, comfy.utils.ProgressBar(total))
-                state["seen"] = progress
-                try:
-                    state["bar"][1].update_absolute(value, total)
-                except comfy.model_management.InterruptProcessingException:
-                    interrupt()  # ComfyUI's server hook raises it for a cancel: the workers stop together
+
+        finished = False
         try:
             self.alive()
-            job_ref = ray.put(job)
-            refs += [a.run.remote(job_ref) for a in self.actors]
-            answers = self.wait(refs, on_poll=on_poll)
+            self.send(("run", run_id, ray.cloudpickle.dumps({**job, "run": run_id})))
+            while True:
+                kind, answer = self.receive(on_poll=on_poll)
+                if kind == "progress":
+                    bar, value, total = answer
+                    if state["bar"] is None or state["bar"][0] != bar:
+                        state["bar"] = (bar, comfy.utils.ProgressBar(total))
+                    try:
+                        state["bar"][1].update_absolute(value, total)
+                    except comfy.model_management.InterruptProcessingException:
+                        interrupt()  # ComfyUI's server hook raises it for a cancel: the workers stop together
+                    continue
+                finished = True
+                if kind == "error":
+                    raise self.failure(answer)
+                if kind != "done":
+                    raise RuntimeError(f"the workers' driver answered {kind!r}")
+                break
             if state["interrupted"]:  # cancelled after the workers' last agreement: still a cancel
                 raise comfy.model_management.InterruptProcessingException()
-            return answers
+            return [ray.cloudpickle.loads(a) for a in answer]
         except comfy.model_management.InterruptProcessingException:
             comfy.model_management.interrupt_current_processing(False)  # taken, as ComfyUI's own check does
+            if not finished:
+                self.release()
             raise
         except BaseException:
-            if not self.released and (not refs or not all(ray.wait([r], timeout=0)[0] for r in refs)):
+            if not finished:
                 self.release()  # never leave a run going behind the next one
             raise
 
     def release(self) -> None:
-        """Stops the workers (and the local cluster this pool started); safe to call more than once."""
+        """Stops the workers, the local cluster and the driver; safe to call more than once."""
         with _LOCK:
             self.stop()
 
-    def stop(self) -> None:
-        """What release does, without the pool's lock: at exit a pool may be starting under it."""
+    def stop(self, within_s: float = STOP_S) -> None:
+        """What release does, without the pool's lock: at exit a pool may be starting under it. The driver
+        stops the workers and the cluster itself; one that does not within `within_s` (a hang guard) is
+        ended with everything it started."""
         global _POOL
         if self.released:
             return
         self.released = True
         if _POOL is self:
             _POOL = None
-        for a in [*self.actors, *([self.store] if self.store is not None else [])]:
+        if self.driver is not None:
             try:
-                self.ray.kill(a, no_restart=True)
-            except Exception:
+                self.send(("stop",))
+            except OSError:
                 pass
-        cluster = self.cluster_processes()
-        if self.connected:
-            self.ray.shutdown()  # stops the local cluster this pool started; only disconnects from a joined one
-        stop_processes(cluster)
+            try:
+                self.driver.wait(timeout=within_s)
+            except subprocess.TimeoutExpired:
+                import psutil
+
+                try:
+                    tree = [psutil.Process(self.driver.pid)]
+                    tree += tree[0].children(recursive=True)
+                except psutil.Error:
+                    tree = []
+                parallel_driver.stop_processes(tree, grace_s=0)
+                self.driver.wait()
+            for connection in (self.outgoing, self.incoming):
+                if connection is not None:
+                    connection.close()
+            self.outgoing = self.incoming = None
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         if self.in_comfy:
             self.in_comfy = False
             stand_in().remove()
-
-
-def stop_processes(processes: list, grace_s: float = 3.0) -> None:
-    """Terminate what is still running of these processes after `grace_s`, then kill what ignores that."""
-    import psutil
-
-    alive = processes
-    for stop in (psutil.Process.terminate, psutil.Process.kill):
-        _, alive = psutil.wait_procs(alive, timeout=grace_s)
-        for process in alive:
-            try:
-                stop(process)
-            except psutil.Error:
-                pass
 
 
 def pool_for(plan: core.ParallelPlan) -> Pool:

@@ -1,9 +1,9 @@
 """The Ray actor that is one worker: a process of its own that starts its own ComfyUI, joins the run's
 torch.distributed group and serves the runs of one parallel plan.
 
-Ray ships this class to the worker by value (the pack's module names are ComfyUI's, not importable there), so
-it imports nothing but the standard library here; everything else is imported in the worker, after `boot`
-has put ComfyUI and the pack on its path under the names the driver uses.
+Ray ships this class to the worker by value (the pack's module names are ComfyUI's, not importable there or in
+the driver, parallel_driver), so it imports nothing but the standard library here; everything else is imported
+in the worker, after `boot` has put ComfyUI and the pack on its path under the names ComfyUI gave them.
 """
 
 from __future__ import annotations
@@ -68,9 +68,10 @@ class ParallelActor:
             sys.path.insert(0, comfy_root)
         self.worker = None
 
-    def boot(self, pack_dir: str, pack_name: str, comfy_args: dict, store, loopback: str | None) -> int:
+    def boot(self, pack_dir: str, pack_name: str, comfy_args: bytes, store, loopback: str | None) -> int:
         """ComfyUI and the pack in this process, then the group: its rendezvous through `store` (a Rendezvous
-        actor), and, for a pool on one machine, the transport's sockets on the `loopback` interface only."""
+        actor), and, for a pool on one machine, the transport's sockets on the `loopback` interface only.
+        `comfy_args`: the options of ComfyUI's own process, pickled (they hold ComfyUI's own types)."""
         if loopback is not None:
             os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback
         import torch
@@ -78,11 +79,12 @@ class ParallelActor:
         if self.device == "cpu":
             torch.set_num_threads(self.threads)
         from comfy.cli_args import args
+        from ray import cloudpickle
 
-        for name, value in comfy_args.items():  # the driver's ComfyUI options (dtypes, attention, ...)
+        for name, value in cloudpickle.loads(comfy_args).items():  # ComfyUI's options there (dtypes, attention, ...)
             setattr(args, name, value)
         args.cpu, args.cuda_device = self.device == "cpu", None
-        if pack_name not in sys.modules:  # the pack, under the name the driver's ComfyUI gave it
+        if pack_name not in sys.modules:  # the pack, under the name ComfyUI gave it
             spec = importlib.util.spec_from_file_location(pack_name, os.path.join(pack_dir, "__init__.py"),
                                                           submodule_search_locations=[pack_dir])
             module = importlib.util.module_from_spec(spec)
@@ -96,7 +98,7 @@ class ParallelActor:
         self.worker = worker.Worker(self.rank, self.world)
         return os.getpid()
 
-    def run(self, job: dict) -> dict:
+    def run(self, job: bytes) -> tuple:
         return self.worker.run(job)
 
     def interrupt(self, run: str) -> None:

@@ -10,12 +10,14 @@ import dataclasses
 import threading
 import time
 
+import comfy.model_management
 import comfy.utils
 import ray
 import torch
 import torch.distributed as dist
 
 from . import engine
+from .core.errors import Wan22InputError
 from .sequence_parallel import SequenceParallel
 
 STORE_POLL_S = 0.01  # how often a waiting rank looks for a key another rank has yet to set
@@ -100,9 +102,21 @@ class Worker:
         bar = 0 if last is None else last[0] + (value < last[1] or total != last[2])
         self.progress = (bar, int(value), int(total))
 
-    def run(self, job: dict) -> dict:
-        with self.running:
-            return self.run_one(job)
+    def run(self, job: bytes) -> tuple:
+        """(word, bytes, text) for the driver, which imports none of ComfyUI's or the pack's types: ("ok", the
+        answer), or a failure ("refusal", "interrupt" or "failed") with the exception, pickled when it can be,
+        and its text."""
+        try:
+            with self.running:
+                return "ok", ray.cloudpickle.dumps(self.run_one(ray.cloudpickle.loads(job))), ""
+        except BaseException as e:
+            kind = ("refusal" if isinstance(e, Wan22InputError) else
+                    "interrupt" if isinstance(e, comfy.model_management.InterruptProcessingException) else "failed")
+            try:
+                payload = ray.cloudpickle.dumps(e)
+            except Exception:
+                payload = None
+            return kind, payload, f"{type(e).__name__}: {e}"
 
     def cancel(self, run: str) -> None:
         self.cancelled_run = run

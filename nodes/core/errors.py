@@ -21,5 +21,8 @@ class Wan22InputError(ValueError):
     message are cut (`cut`): a hostile value is never echoed whole."""
 
     def __init__(self, input_name: str, message: str):
-        self.input_name = cut(input_name)
+        self.input_name, self.message = cut(input_name), message
         super().__init__(cut(f"{self.input_name}: {message}"))
+
+    def __reduce__(self):  # pickled as its two arguments (a parallel worker's refusal crosses to ComfyUI)
+        return type(self), (self.input_name, self.message)

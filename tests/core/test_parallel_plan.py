@@ -93,3 +93,14 @@ def test_the_report_gives_each_ranks_time_and_communication_share():
     ranks[1]["cached_steps"] = {"low": [3]}
     ranks[0]["residual_diffs"], ranks[1]["residual_diffs"] = {"low": {"3": 0.1}}, {"low": {"3": 0.2}}
     assert not parallel.parallel_report(p, ranks)["ranks_agree"]
+
+
+def test_a_refusal_crosses_processes_as_it_was_raised():
+    """A worker's refusal reaches ComfyUI pickled (parallel_worker -> driver -> ComfyUI): the same input name
+    and text, not a TypeError from rebuilding it with one argument."""
+    import pickle
+
+    refusal = Wan22InputError("error_budget", "0.01 cannot be met " + "x" * 300)
+    again = pickle.loads(pickle.dumps(refusal))
+    assert type(again) is Wan22InputError
+    assert (again.input_name, str(again)) == (refusal.input_name, str(refusal))
