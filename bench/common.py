@@ -21,9 +21,9 @@ def write_results(stem: str, heading: str, text: str, results: dict, note: str =
 
     folder = os.path.join(ROOT, "bench", "results")
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"{stem}.json"), "w") as f:
+    with open(os.path.join(folder, f"{stem}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
-    with open(os.path.join(folder, f"{stem}.md"), "w") as f:
+    with open(os.path.join(folder, f"{stem}.md"), "w", encoding="utf-8") as f:
         f.write(f"# {heading}\n\n{text}\n\n{note}Config: `{json.dumps(results['config'])}`\n")
     print(text)
     print(f"[bench] written: {os.path.join(folder, stem + '.json')}, {stem}.md")

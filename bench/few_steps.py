@@ -299,10 +299,10 @@ def main() -> int:
               "cpu_count": os.cpu_count()}
     os.makedirs(RESULTS, exist_ok=True)
     name = "few_steps_quick" if args.quick else "few_steps"
-    with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
+    with open(os.path.join(RESULTS, f"{name}.json"), "w", encoding="utf-8") as f:
         json.dump({"config": config, "step_counts": results, "rows": rows(results)}, f, indent=2, default=str)
     text = table(results)
-    with open(os.path.join(RESULTS, f"{name}.md"), "w") as f:
+    with open(os.path.join(RESULTS, f"{name}.md"), "w", encoding="utf-8") as f:
         f.write(f"# Few steps: speed-up against relative L2 (cpu, random weights)\n\n{text}\n\n"
                 f"Thresholds of a method that ran the same as a lower one (same blocks, bit-identical latent) share "
                 f"its timing. Plot: `{name}.png`. Config: `{json.dumps(config)}`\n")

@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                          "dtype": str(dtype), "device": device_name, "torch": torch.__version__,
                          "build_seconds": built, "total_seconds": time.perf_counter() - started}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+    with open(args.out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     print(table(results))
     print(f"[gpu] {results['rounds']} round(s), {results['config']['total_seconds']:.0f} s in all; written: {args.out}")

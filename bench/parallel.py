@@ -37,7 +37,7 @@ TARGET = 1.5  # the speed-up the plan is to reach with two CPU workers
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
-    with open(f"/proc/{pid}/status") as f:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
         for line in f:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024

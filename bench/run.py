@@ -178,10 +178,10 @@ def main() -> int:
     results["acceptance"] = {key: holds(results[key], op, bound) for key, op, bound in ACCEPTANCE}
     results["acceptance"]["beats_easycache"] = results["beats_easycache"]
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "latest.json"), "w") as f:
+    with open(os.path.join(RESULTS, "latest.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     text = table(results)
-    with open(os.path.join(RESULTS, "latest.md"), "w") as f:
+    with open(os.path.join(RESULTS, "latest.md"), "w", encoding="utf-8") as f:
         f.write(f"# Benchmark ({args.device}, random weights)\n\n{text}\n\nConfig: `{json.dumps(results['config'])}`\n")
     chart(results, os.path.join(RESULTS, "latest.png"))
     print(text)

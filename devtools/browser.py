@@ -71,6 +71,7 @@ def open_comfyui(instance, url: str, width: int = 1600, height: int = 1000, sett
     it. `settings`: more user settings, e.g. {"Comfy.VueNodes.Enabled": True} for the Vue-nodes mode."""
     set_user_settings(url, {"Comfy.TutorialCompleted": True, **(settings or {})})
     page = instance.new_page(viewport={"width": width, "height": height})
+    page.add_init_script("window.wan22Testing = true;")  # the extension's test counters (window.wan22Canvas)
     page.console_messages_seen = []
     page.on("console", lambda m: page.console_messages_seen.append(f"{m.type}: {m.text}"))
     page.goto(url)

@@ -80,11 +80,11 @@ def build(page, name: str, spec: dict) -> None:
     result = page.evaluate(BUILD_JS, spec)
     workflow = result["workflow"]
     workflow["models"] = spec["models"]
-    with open(os.path.join(OUT, f"{name}.json"), "w") as f:
+    with open(os.path.join(OUT, f"{name}.json"), "w", encoding="utf-8") as f:
         json.dump(workflow, f, indent=2)
         f.write("\n")
     os.makedirs(os.path.join(OUT, "api"), exist_ok=True)
-    with open(os.path.join(OUT, "api", f"{name}.json"), "w") as f:
+    with open(os.path.join(OUT, "api", f"{name}.json"), "w", encoding="utf-8") as f:
         json.dump(result["output"], f, indent=2)
         f.write("\n")
     data_url = page.evaluate(SNAPSHOT_JS)

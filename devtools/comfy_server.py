@@ -35,7 +35,7 @@ class ComfyServer:
         self.extra_args = tuple(extra_args)
 
     def start(self, timeout: float = 600.0) -> "ComfyServer":
-        log = open(self.log_path, "w")
+        log = open(self.log_path, "w", encoding="utf-8")
         self.process = subprocess.Popen(
             [VENV_PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
              "--base-directory", self.base_dir, "--database-url", "sqlite:///:memory:",
@@ -73,7 +73,7 @@ class ComfyServer:
 
     def log_tail(self, lines: int = 40) -> str:
         try:
-            with open(self.log_path) as f:
+            with open(self.log_path, encoding="utf-8") as f:
                 return "".join(f.readlines()[-lines:])
         except OSError:
             return ""

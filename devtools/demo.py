@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--keep-running", action="store_true", help="leave ComfyUI running for a browser")
     args = parser.parse_args()
 
-    with open(WORKFLOW) as f:
+    with open(WORKFLOW, encoding="utf-8") as f:
         workflow = json.load(f)
     base = os.path.join(DEMO_DIR, "comfyui")
     os.makedirs(base, exist_ok=True)
@@ -65,7 +65,7 @@ def main() -> int:
             return 1
         outputs = entry["outputs"]
         report = json.loads(outputs[REPORT_NODE]["text"][0])
-        with open(os.path.join(out_dir, "report.json"), "w") as f:
+        with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
         copied = {}
         for node, key in ((VIDEO_NODE, "video"), (TIMELINE_NODE, "timeline")):

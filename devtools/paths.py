@@ -11,7 +11,7 @@ FRONTENDS_PIN = os.path.join(ROOT, "devtools", "frontends.txt")
 
 def newest_frontend() -> tuple[str, str]:
     """(version, folder ComfyUI serves with --front-end-root) of the newest frontend the tests run on."""
-    with open(FRONTENDS_PIN) as f:
+    with open(FRONTENDS_PIN, encoding="utf-8") as f:
         (pin,) = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     version = pin.split("==")[1]
     return version, os.path.join(ROOT, ".frontends", version, "comfyui_frontend_package", "static")

@@ -182,7 +182,7 @@ def write_diffusers_folder(path: str, high: WanTransformer3DModel | None, low: W
              "transformer_2": ["diffusers", "WanTransformer3DModel"] if low is not None else [None, None]}
     if boundary_ratio is not None:
         index["boundary_ratio"] = boundary_ratio
-    with open(os.path.join(path, "model_index.json"), "w") as f:
+    with open(os.path.join(path, "model_index.json"), "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)
     for sub, model in (("transformer", high), ("transformer_2", low)):
         if model is not None:

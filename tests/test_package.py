@@ -6,6 +6,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMFY_MODULES = {"comfy", "comfy_api", "comfy_extras", "folder_paths", "nodes", "server", "execution"}
 
@@ -44,7 +46,7 @@ print(sorted(set(sys.modules) & {COMFY_MODULES!r}))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     for name in modules:  # and not by a lazy import hidden in a function either
-        tree = ast.parse(open(os.path.join(core, name + ".py")).read())
+        tree = ast.parse(open(os.path.join(core, name + ".py"), encoding="utf-8").read())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                      and n.level == 0}
@@ -76,13 +78,13 @@ def requirement_names(lines) -> dict:
 
 
 def test_requirements_state_lower_bounds_leave_torch_to_comfyui_and_match_pyproject():
-    requirements = requirement_names(open(os.path.join(ROOT, "requirements.txt")))
+    requirements = requirement_names(open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8"))
     assert {"cache-dit", "diffusers", "safetensors"} <= set(requirements)
     assert not set(requirements) & {"torch", "torchvision", "torchaudio"}
     assert not [spec for spec in requirements.values() if "==" in spec]  # exact pins live in constraints.txt
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         assert requirement_names(tomllib.load(f)["project"]["dependencies"]) == requirements
-    pins = requirement_names(open(os.path.join(ROOT, "devtools", "constraints.txt")))
+    pins = requirement_names(open(os.path.join(ROOT, "devtools", "constraints.txt"), encoding="utf-8"))
     assert all(pins[name].startswith("==") for name in ("cache-dit", "diffusers", "torch"))
 
 
@@ -90,19 +92,19 @@ def test_the_layout_is_the_one_the_design_fixes():
     for path in ("__init__.py", "nodes", "nodes/core", "web", "tests", "example_workflows", "requirements.txt",
                  "pyproject.toml", "README.md", "Makefile", ".ci/run", ".gitignore"):
         assert os.path.exists(os.path.join(ROOT, path)), path
-    ignored = open(os.path.join(ROOT, ".gitignore")).read().split()
+    ignored = open(os.path.join(ROOT, ".gitignore"), encoding="utf-8").read().split()
     assert "/.venv/" in ignored and "/.comfyui/" in ignored
 
 
 def test_every_node_has_a_help_page():
     import re
-    sources = "".join(open(os.path.join(ROOT, "nodes", f)).read() for f in os.listdir(os.path.join(ROOT, "nodes"))
-                      if f.endswith(".py"))
+    sources = "".join(open(os.path.join(ROOT, "nodes", f), encoding="utf-8").read()
+                      for f in os.listdir(os.path.join(ROOT, "nodes")) if f.endswith(".py"))
     node_ids = set(re.findall(r'node_id="(\w+)"', sources))
     assert len(node_ids) >= 6
     for node_id in node_ids:
         page = os.path.join(ROOT, "web", "docs", f"{node_id}.md")
-        assert os.path.isfile(page) and open(page).read().startswith("# "), node_id
+        assert os.path.isfile(page) and open(page, encoding="utf-8").read().startswith("# "), node_id
 
 
 PACK_SOURCES = [os.path.join(ROOT, "__init__.py")] + [
@@ -114,7 +116,7 @@ NETWORK_ALLOWED: dict = {}
 
 def test_the_pack_never_touches_the_network_nor_runs_code_from_strings_or_pickles():
     for path in PACK_SOURCES:
-        tree = ast.parse(open(path).read(), path)
+        tree = ast.parse(open(path, encoding="utf-8").read(), path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 assert node.func.id not in ("eval", "exec", "compile", "__import__"), f"{path}:{node.lineno}"
@@ -130,8 +132,49 @@ def test_the_pack_never_touches_the_network_nor_runs_code_from_strings_or_pickle
 
 def test_the_suite_runs_with_only_loopback():
     if os.environ.get("WAN22_OFFLINE") != "1":
-        import pytest
         pytest.skip("not inside devtools/offline.sh's network namespace (make test runs the suite there)")
-    with open("/proc/net/dev") as f:  # this network namespace's interfaces (sysfs may show the host's)
+    # this network namespace's interfaces (sysfs may show the host's)
+    with open("/proc/net/dev", encoding="utf-8") as f:
         interfaces = [line.split(":")[0].strip() for line in f.readlines()[2:]]
     assert interfaces == ["lo"]
+
+
+def test_the_registrys_archive_holds_what_a_user_needs_and_not_the_tests(tmp_path, monkeypatch):
+    """`comfy node pack` (comfy-cli's own packer: git-tracked files minus .comfyignore) gives the nodes, the
+    frontend, the workflows and the docs, and none of tests/, devtools/ or bench/."""
+    import zipfile
+
+    file_utils = pytest.importorskip("comfy_cli.file_utils", reason="comfy-cli (requirements-dev.txt)")
+    if subprocess.run(["git", "-C", ROOT, "rev-parse"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: the packer archives git-tracked files")
+    monkeypatch.chdir(ROOT)
+    archive = tmp_path / "node.zip"
+    file_utils.zip_files(str(archive))
+    names = zipfile.ZipFile(archive).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert not tops & {"tests", "devtools", "bench", ".ci"}, sorted(tops)
+    for needed in ("__init__.py", "pyproject.toml", "requirements.txt", "README.md", "LICENSE",
+                   "nodes/core/budget.py", "nodes/parallel_driver.py", "web/js/wan22.js"):
+        assert needed in names, needed
+    assert any(n.startswith("example_workflows/") and n.endswith(".json") for n in names)
+    assert any(n.startswith("web/docs/") for n in names)
+
+
+def test_every_file_opened_as_text_says_its_encoding():
+    """open() in text mode without an encoding reads the platform's (cp1252 on Windows): every one in the
+    repository names it (binary modes need none)."""
+    missing = []
+    sources = PACK_SOURCES + [os.path.join(d, f) for top in ("devtools", "bench", "tests")
+                              for d, _, files in os.walk(os.path.join(ROOT, top)) for f in files if f.endswith(".py")]
+    for path in sources:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open"):
+                continue
+            mode = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "mode"), None)
+            binary = isinstance(mode, ast.Constant) and "b" in str(mode.value)
+            if not binary and not any(k.arg == "encoding" for k in node.keywords):
+                missing.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    assert missing == [], missing

@@ -53,7 +53,7 @@ def to_comfy_layout(state_dict: dict) -> dict:
 def weight_files(transformer_dir: str) -> list[str]:
     index = os.path.join(transformer_dir, "diffusion_pytorch_model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
+        with open(index, encoding="utf-8") as f:
             return sorted({os.path.join(transformer_dir, v) for v in json.load(f)["weight_map"].values()})
     return [os.path.join(transformer_dir, "diffusion_pytorch_model.safetensors")]
 
@@ -80,7 +80,7 @@ def inspect_folder(folder: str, experts: str) -> tuple[dict[str, ExpertArchitect
         raise Wan22InputError("model_folder", f"{name} has no model_index.json: pick a diffusers Wan2.2 folder "
                                               "(with transformer/ and transformer_2/) under models/diffusers")
     try:
-        with open(index_path) as f:
+        with open(index_path, encoding="utf-8") as f:
             model_index = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise Wan22InputError("model_folder", f"{name}/model_index.json cannot be read ({e})") from None
@@ -92,7 +92,7 @@ def inspect_folder(folder: str, experts: str) -> tuple[dict[str, ExpertArchitect
             other = ONLY["low" if role == "high" else "high"]
             raise Wan22InputError("experts", f"{name} has no {SUBFOLDERS[role]}/ ({role}-noise expert): choose "
                                              f"experts = {other}, or a folder that has it")
-        with open(config_path) as f:
+        with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
         architectures[role] = architecture_from_config(config, f"{name}/{SUBFOLDERS[role]}")
         for weights in weight_files(sub):

@@ -19,12 +19,12 @@ SAVED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saved")
 
 
 def shipped(name, api=False):
-    with open(os.path.join(EXAMPLES, "api" if api else "", f"{name}.json")) as f:
+    with open(os.path.join(EXAMPLES, "api" if api else "", f"{name}.json"), encoding="utf-8") as f:
         return json.load(f)
 
 
 def saved(name):
-    with open(os.path.join(SAVED, name)) as f:
+    with open(os.path.join(SAVED, name), encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -307,3 +307,17 @@ def test_the_cache_dit_model_node_shows_what_each_sample_call_cached_on_the_canv
                               f".element.textContent)(app.graph.nodes.find(n => n.title === {json.dumps(title)}))",
                         timeout=600)
         assert "last sample call: " in text and "(context sized 4," in text and "% saved" in text, text
+
+
+def test_the_extensions_test_counters_are_not_in_a_users_page(page, server):
+    """window.wan22Canvas (what the tests wait on) exists only on a page the tests open with their flag."""
+    from devtools.browser import READY
+
+    plain = page.context.browser.new_page()
+    try:
+        plain.goto(server.url)
+        plain.wait_for_function(READY, timeout=120_000)
+        assert plain.evaluate("() => typeof window.wan22Canvas") == "undefined"
+        assert page.evaluate("() => typeof window.wan22Canvas") == "object"
+    finally:
+        plain.close()

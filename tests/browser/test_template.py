@@ -27,7 +27,7 @@ def template_path() -> str:
 def lightning_template_at_a_tiny_size() -> dict:
     """The template with its own "Enable Lightning LoRA" switch on (4 steps, CFG 1, switch at step 2, the
     LightX2V LoRAs), at 64x64 and 5 frames (length = floor(16 fps x 0.25 s) + 1). Nothing else changes."""
-    with open(template_path()) as f:
+    with open(template_path(), encoding="utf-8") as f:
         template = json.load(f)
     (subgraph,) = template["definitions"]["subgraphs"]
     nodes = {n.get("title") or n["type"]: n for n in subgraph["nodes"]}

@@ -37,7 +37,7 @@ def shown(page, node_type):
 
 
 def test_the_split_shows_on_the_vue_node_and_follows_its_widgets(page):
-    with open(DEMO) as f:
+    with open(DEMO, encoding="utf-8") as f:
         load(page, json.load(f))
     wait_for_status(page, "Wan22Schedule", "will run: 14 high / 6 low")
     assert shown(page, "Wan22Schedule") == {"text": "will run: 14 high / 6 low (boundary 0.875, model default)",
@@ -47,7 +47,7 @@ def test_the_split_shows_on_the_vue_node_and_follows_its_widgets(page):
 
 
 def test_markup_in_a_model_name_and_a_scheduler_name_shows_as_text_on_the_vue_node(page):
-    with open(DEMO) as f:
+    with open(DEMO, encoding="utf-8") as f:
         model, scheduler = hostile_names_show_as_text(page, json.load(f))
     assert model["text"].startswith(f"split: high_noise_model: {HOSTILE_MODEL!r} is not in models/diffusion_models")
     assert scheduler["text"].startswith(f"split: scheduler: unknown scheduler {HOSTILE_SCHEDULER!r}: use one of")
@@ -57,7 +57,7 @@ def test_markup_in_a_model_name_and_a_scheduler_name_shows_as_text_on_the_vue_no
 
 
 def test_a_run_shows_its_split_and_the_cache_summary_on_the_vue_nodes(page, server, frontend):
-    with open(DEMO) as f:
+    with open(DEMO, encoding="utf-8") as f:
         load(page, json.load(f))
     set_widget(page, "Wan22TwoStageSampler", "seed", 31337 + (frontend == "newest"))  # not served from the cache
     wait_for_status(page, "Wan22Schedule", "will run: 14 high / 6 low")

@@ -19,9 +19,10 @@ const REFRESH_DELAY_MS = 150;
 
 const canvasInfo = { old_samplers: {}, split_nodes: [SCHEDULE] }; // served by GET /wan22/canvas
 const scheduleDefaults = {}; // input name -> default, from the server's node definition
-// Counters the browser tests wait on (never a fixed sleep): refreshes asked for, replies handled.
+// Counters the browser tests wait on (never a fixed sleep): refreshes asked for, replies handled. Exposed only
+// on a page the tests opened (they set window.wan22Testing before any script runs), never in a user's page.
 const progress = { requested: 0, handled: 0 };
-window.wan22Canvas = progress;
+if (window.wan22Testing === true) window.wan22Canvas = progress;
 
 // --- the status text, a DOM widget on each of the pack's nodes ---
 
