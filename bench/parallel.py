@@ -75,10 +75,10 @@ def measure(repeats: int, quick: bool) -> dict:
                 return out
             return call
         timed = interleaved(Timer(torch.device("cpu")), {n: recording(n, r) for n, r in variants.items()}, repeats)
-        pids = harness.pack("nodes.parallel").worker_pids()
+        pids = harness.pack("nodes.parallel.pool").worker_pids()
         rss = {"driver": peak_rss_mb(), **{f"worker {i}": peak_rss_mb(pid) for i, pid in enumerate(pids)}}
         records = dict(runs.records)
-        harness.pack("nodes.parallel").release()
+        harness.pack("nodes.parallel.pool").release()
     rows = {}
     for name, (out, seconds, all_seconds) in timed.items():
         reference = timed[name.replace("2 workers", "1 process")]
@@ -98,8 +98,8 @@ def parallel_run(runs: Runs, name: str, cache, plan):
     experts = runs.experts.replace(cache_plan=cache, parallel_plan=plan)
 
     def run():
-        latent, runs.records[name] = runs.engine.sample(experts, runs.schedule, runs.positive, runs.negative,
-                                                        runs.latent, runs.seed, runs.cfg)
+        latent, runs.records[name] = runs.sampling.run(experts, runs.schedule, runs.positive, runs.negative,
+                                                       runs.latent, runs.seed, runs.cfg)
         return latent["samples"]
     return run
 

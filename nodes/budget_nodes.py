@@ -10,11 +10,11 @@ import json
 
 from comfy_api.latest import io
 
-from . import engine
 from .core import budget as core_budget
 from .core import sampler_inputs
 from .core.cache import CachePlan
 from .core.experts import ROLES
+from .sampler_nodes import run
 from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
 
 
@@ -39,8 +39,9 @@ def confirming_seed(seed: int) -> int:
 def calibrate(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict,
               error_budget: float) -> tuple[object, core_budget.Calibration]:
     """(the experts with the calibrated plan, the calibration): the uncached run, then the search's runs, each
-    through the engine (so each stage's cache is installed for that stage only and removed after it); the
-    settings that meet the budget are confirmed on the next seed, against its own uncached run."""
+    through the sampler node's run (so each stage's cache is installed for that stage only and removed after it,
+    on the plan's workers when the experts carry one); the settings within the budget are confirmed on the next
+    seed, against its own uncached run."""
     core_budget.check_budget(error_budget)
     plan = experts.cache_plan or CachePlan()
     roles = tuple(role for role in ROLES if experts.models().get(role) is not None)
@@ -51,7 +52,7 @@ def calibrate(experts, schedule, positive, negative, latent: dict, seed: int, cf
 
     def sample(thresholds: dict | None, at_seed: int):
         trial_plan = None if thresholds is None else with_thresholds(plan, thresholds, None)
-        return engine.sample(experts.replace(cache_plan=trial_plan), schedule, positive, negative, latent, at_seed,
+        return run(experts.replace(cache_plan=trial_plan), schedule, positive, negative, latent, at_seed,
                              cfg)
 
     def reference(at_seed: int):
@@ -94,7 +95,8 @@ class Wan22CacheBudget(io.ComfyNode):
             description="Asks for a quality instead of a threshold: runs the given run once without the cache and "
                         "then with candidate thresholds on each expert, and hands on the experts with the per-expert "
                         "thresholds that keep the final latent within error_budget (relative L2 to the uncached "
-                        "run), on that run and on the same run at the next seed. It costs 15 to 30 runs, once: "
+                        "run) on that run and on the same run at the next seed, their mean within 0.75 of it. It "
+                        "costs 15 to 30 runs, once: "
                         "ComfyUI keeps its output while its inputs stay the same, so calibrate on a short or small "
                         "run and keep it for others with the same sampler, steps, shift and CFG.",
             inputs=[

@@ -139,14 +139,13 @@ def run_stage(stage: Stage, sampler: str, scheduler: str, positive, negative, la
 
 def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, seed: int,
            cfg: dict[str, float], attach=None) -> tuple[dict, RunRecord]:
-    """Runs the stages through ComfyUI's sampling; returns the LATENT (a new dict) and what the run did. With a
-    parallel plan on the experts, the plan's workers run them (each through this same function); `attach`
-    (a worker's) adds its wrappers to each stage's clone."""
-    from . import parallel
-
+    """Runs the stages through ComfyUI's sampling in this process; returns the LATENT (a new dict) and what the
+    run did. A run with a parallel plan goes to the plan's workers instead (the sampler node chooses: `run` in
+    sampler_nodes), and each worker runs this function on its share; `attach` (a worker's) adds its wrappers to
+    each stage's clone."""
     if experts.parallel_plan is not None:
-        plan_stages(experts, schedule, cfg)  # what the run refuses, refused before any worker starts
-        return parallel.sample(experts, schedule, positive, negative, latent, seed, cfg)
+        raise RuntimeError("engine.sample runs in this process: a run with a parallel plan goes through "
+                           "sampler_nodes.run, which hands it to the plan's workers")
     stages = plan_stages(experts, schedule, cfg)
     plan = experts.cache_plan
     record = RunRecord(split=schedule.split, stages=tuple(stage.name for stage in stages))

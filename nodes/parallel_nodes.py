@@ -59,7 +59,7 @@ class Wan22ParallelPlan(io.ComfyNode):
                               heads=experts.architecture.dim // core.HEAD_WIDTH, cpu_threads=cpu_threads,
                               gpus=gpus_here(), cpus=os.cpu_count() or 1,
                               cluster=bool(os.environ.get("RAY_ADDRESS")))
-        from .parallel import ray_module
+        from .parallel.pool import ray_module
 
         ray_module()  # says how to install Ray when it is missing, before any run
         text = (f"{plan.workers} workers on {', '.join(plan.devices)} ({plan.backend}), Ulysses degree "

@@ -8,9 +8,20 @@ import json
 import torch
 from comfy_api.latest import io
 
-from . import engine, parallel
+from . import engine
 from .core import report, sampler_inputs, timeline
+from .parallel import pool
 from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
+
+
+def run(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict):
+    """The run in this process (engine.sample), or, with a parallel plan on the experts, on the plan's workers
+    (pool.sample_on_workers, each worker running engine.sample on its share): (LATENT, run record). The
+    stages are planned here first, so that what the run refuses is refused before any worker starts."""
+    if experts.parallel_plan is None:
+        return engine.sample(experts, schedule, positive, negative, latent, seed, cfg)
+    engine.plan_stages(experts, schedule, cfg)
+    return pool.sample_on_workers(experts, schedule, positive, negative, latent, seed, cfg)
 
 
 class Wan22TwoStageSampler(io.ComfyNode):
@@ -65,8 +76,8 @@ class Wan22TwoStageSampler(io.ComfyNode):
         sampler_inputs.check_sampler_inputs(experts.architecture, positive, negative, latent_image)
         cfg = {"high": float(cfg_high), "low": float(cfg_low)}
         if experts.parallel_plan is None:
-            parallel.release()  # a run without the plan: the warm workers of an earlier one are not kept
-        latent, record = engine.sample(experts, schedule, positive, negative, latent_image, seed, cfg)
+            pool.release()  # a run without the plan: the warm workers of an earlier one are not kept
+        latent, record = run(experts, schedule, positive, negative, latent_image, seed, cfg)
         run_report = report.build_report(experts, schedule, record, seed=seed, cfg=cfg)
         picture = torch.from_numpy(timeline.render_timeline(schedule, record)).float().div(255.0).unsqueeze(0)
         ui = {"text": [report.summary_line(run_report)], "report": [run_report]}

@@ -154,7 +154,7 @@ def test_the_registrys_archive_holds_what_a_user_needs_and_not_the_tests(tmp_pat
     tops = {name.split("/")[0] for name in names}
     assert not tops & {"tests", "devtools", "bench", ".ci"}, sorted(tops)
     for needed in ("__init__.py", "pyproject.toml", "requirements.txt", "README.md", "LICENSE",
-                   "nodes/core/budget.py", "nodes/parallel_driver.py", "web/js/wan22.js"):
+                   "nodes/core/budget.py", "nodes/parallel/driver.py", "web/js/wan22.js"):
         assert needed in names, needed
     assert any(n.startswith("example_workflows/") and n.endswith(".json") for n in names)
     assert any(n.startswith("web/docs/") for n in names)
@@ -178,3 +178,40 @@ def test_every_file_opened_as_text_says_its_encoding():
             if not binary and not any(k.arg == "encoding" for k in node.keywords):
                 missing.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
     assert missing == [], missing
+
+
+def imports_of(path: str) -> set[str]:
+    """The modules a source imports, at its top or deferred in a function, relative ones as written (".x")."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            found |= {base} | {f"{base}.{a.name}" if node.module else f"{base}{a.name}" for a in node.names}
+    return found
+
+
+def test_the_parallel_package_is_one_room_that_the_engine_never_enters():
+    """Only the sampler node (the choice between one process and the workers), the extension (its exit
+    handlers) and the plan's node import nodes/parallel/; the one-process engine, and everything else outside
+    the package, never does, at the top or deferred. The package's worker imports the engine, so there is no
+    cycle."""
+    nodes_dir = os.path.join(ROOT, "nodes")
+    allowed = {"sampler_nodes.py", "extension.py", "parallel_nodes.py"}
+    assert os.path.isfile(os.path.join(nodes_dir, "parallel", "__init__.py"))
+    assert not [f for f in os.listdir(nodes_dir) if f.startswith("parallel_") and f != "parallel_nodes.py"
+                or f == "sequence_parallel.py"], "the parallel code lives in nodes/parallel/"
+    for d, _, files in os.walk(nodes_dir):
+        if os.path.basename(d) == "parallel":
+            continue
+        for f in files:
+            if not f.endswith(".py") or (d == nodes_dir and f in allowed):
+                continue
+            dots = "." * (1 + os.path.relpath(d, nodes_dir).count(os.sep) + (d != nodes_dir))
+            into = [m for m in imports_of(os.path.join(d, f)) if m.startswith(f"{dots}parallel")
+                    and not m.startswith(f"{dots}parallel_nodes")]
+            assert into == [], f"{os.path.relpath(os.path.join(d, f), ROOT)} imports {into}"
+    assert "..engine" in imports_of(os.path.join(nodes_dir, "parallel", "worker.py"))  # a worker runs the engine

@@ -96,7 +96,7 @@ def test_the_report_gives_each_ranks_time_and_communication_share():
 
 
 def test_a_refusal_crosses_processes_as_it_was_raised():
-    """A worker's refusal reaches ComfyUI pickled (parallel_worker -> driver -> ComfyUI): the same input name
+    """A worker's refusal reaches ComfyUI pickled (parallel/worker.py -> driver -> ComfyUI): the same input name
     and text, not a TypeError from rebuilding it with one argument."""
     import pickle
 

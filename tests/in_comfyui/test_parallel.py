@@ -48,7 +48,7 @@ def two_heads(parallel_experts, tiny_models, task="t2v", experts="both", **run):
 
 
 def parallel_module(comfyui):
-    return comfyui.pack("nodes.parallel")
+    return comfyui.pack("nodes.parallel.pool")
 
 
 def no_process_left(pids, within=60.0) -> list[int]:
@@ -299,6 +299,6 @@ def test_conditioning_that_carries_models_of_its_own_is_refused_by_name(comfyui,
                                                          cpu_threads=1, gpus=0, cpus=2)
     text = torch.zeros(1, 512, 4096)
     with pytest.raises(errors.Wan22InputError) as refused:
-        parallel.sample(SimpleNamespace(parallel_plan=plan), None, [[text, {}]], [[text, {key: object()}]],
+        parallel.sample_on_workers(SimpleNamespace(parallel_plan=plan), None, [[text, {}]], [[text, {key: object()}]],
                         {"samples": torch.zeros(1, 16, 2, 4, 4)}, 0, {"high": 1.0, "low": 1.0})
     assert str(refused.value).startswith(f"negative: carries {key} (a ControlNet, hooks or GLIGEN node)")

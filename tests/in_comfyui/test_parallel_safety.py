@@ -110,11 +110,11 @@ def test_the_store_probe_finds_a_tcp_store_and_nothing_else():
 
 
 def driver_processes(pid: int | None = None) -> list[psutil.Process]:
-    """The pools' Ray drivers (parallel_driver) this process (or `pid`) started."""
+    """The pools' Ray drivers (nodes/parallel/driver.py) this process (or `pid`) started."""
     found = []
     for child in psutil.Process(pid).children():
         try:
-            if any(arg.endswith("parallel_driver.py") for arg in child.cmdline()):
+            if any(arg.endswith(os.path.join("parallel", "driver.py")) for arg in child.cmdline()):
                 found.append(child)
         except psutil.NoSuchProcess:
             pass

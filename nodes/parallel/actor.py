@@ -2,7 +2,7 @@
 torch.distributed group and serves the runs of one parallel plan.
 
 Ray ships this class to the worker by value (the pack's module names are ComfyUI's, not importable there or in
-the driver, parallel_driver), so it imports nothing but the standard library here; everything else is imported
+the driver, driver.py), so it imports nothing but the standard library here; everything else is imported
 in the worker, after `boot` has put ComfyUI and the pack on its path under the names ComfyUI gave them.
 """
 
@@ -20,7 +20,7 @@ GROUP_TIMEOUT_S = 600
 
 class Rendezvous:
     """The group's rendezvous store, kept in a Ray actor: the workers exchange their addresses through Ray's
-    authenticated channel, and no store listens on a port of its own (parallel_worker.RayStore is the
+    authenticated channel, and no store listens on a port of its own (worker.RayStore is the
     torch.distributed side)."""
 
     def __init__(self):
@@ -90,7 +90,7 @@ class ParallelActor:
             module = importlib.util.module_from_spec(spec)
             sys.modules[pack_name] = module
             spec.loader.exec_module(module)
-        worker = importlib.import_module(f"{pack_name}.nodes.parallel_worker")
+        worker = importlib.import_module(f"{pack_name}.nodes.parallel.worker")
         import torch.distributed as dist
 
         dist.init_process_group("gloo" if self.device == "cpu" else "nccl", store=worker.RayStore(store),

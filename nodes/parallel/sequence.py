@@ -29,9 +29,9 @@ import comfy.patcher_extension
 import torch
 import torch.distributed as dist
 
-from .core import parallel as core
-from .core.errors import Wan22InputError
-from .wrapper_calls import call_argument
+from ..core import parallel as core
+from ..core.errors import Wan22InputError
+from ..wrapper_calls import call_argument
 
 KEY = "wan22_sequence_parallel"
 WrappersMP = comfy.patcher_extension.WrappersMP

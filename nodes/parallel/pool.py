@@ -1,6 +1,6 @@
-"""The workers of a parallel plan, from ComfyUI's side: Ray actors (parallel_actor), one per device, in one
+"""The workers of a parallel plan, from ComfyUI's side: Ray actors (actor.py), one per device, in one
 torch.distributed group, started for a plan and kept warm (their experts loaded) while runs use the same plan.
-A Ray driver in a process of its own (parallel_driver) starts and serves them: ComfyUI's process never connects
+A Ray driver in a process of its own (driver.py) starts and serves them: ComfyUI's process never connects
 to Ray, and what Ray's client keeps goes with that process.
 
 They are released when a run uses another plan or none, when ComfyUI frees memory or unloads its models (they
@@ -33,10 +33,10 @@ import comfy.model_management
 import comfy.patcher_extension
 import comfy.utils
 
-from . import parallel_actor, parallel_driver
-from .core import parallel as core
-from .core.errors import Wan22InputError
-from .core.experts import ROLE_WORDS
+from . import actor as parallel_actor, driver as parallel_driver
+from ..core import parallel as core
+from ..core.errors import Wan22InputError
+from ..core.experts import ROLE_WORDS
 
 POLL_S = 0.2  # how often a run looks at the driver's pipe (and at ComfyUI's interrupt)
 BOOT_TIMEOUT_S = 600  # a hang guard only: each worker imports torch and ComfyUI first
@@ -237,7 +237,7 @@ def comfy_args() -> dict:
 
 
 class Pool:
-    """The workers of one plan, driven by a Ray driver in a process of its own (parallel_driver), over two
+    """The workers of one plan, driven by a Ray driver in a process of its own (driver.py), over two
     pipes: ComfyUI's process never connects to Ray."""
 
     def __init__(self, plan: core.ParallelPlan):
@@ -259,7 +259,7 @@ class Pool:
                   "num_cpus": plan.cpu_threads if cpu else 1,
                   "num_gpus": 0 if cpu else sum(d == "cuda" for d in plan.devices),
                   "cpu_threads": plan.cpu_threads, "comfy_root": comfy_root(),
-                  "pack_dir": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                  "pack_dir": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                   "pack_name": __name__.rsplit(".nodes.", 1)[0], "comfy_args": ray.cloudpickle.dumps(comfy_args()),
                   "loopback": None if address else loopback_interface(), "boot_timeout_s": BOOT_TIMEOUT_S,
                   "without_auth": os.environ.get(WITHOUT_AUTH) == "1", "without_auth_variable": WITHOUT_AUTH,
@@ -327,7 +327,7 @@ class Pool:
         return f"worker {rank} ({self.plan.devices[rank]})"
 
     def failure(self, failed: dict) -> BaseException:
-        """The error of a run a worker failed, as the driver reports it (parallel_driver.Driver.failed): a worker
+        """The error of a run a worker failed, as the driver reports it (driver.Driver.failed): a worker
         gone is named with its device; a refusal or an interrupt every worker made leaves them usable; anything
         else releases them (the others may be waiting in a collective for the one that failed)."""
         rank = failed["rank"]
@@ -495,7 +495,7 @@ def release_on_termination() -> None:
 
 # --- one run ---
 
-def sample(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict):
+def sample_on_workers(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict):
     """The run on the plan's workers: rank 0's LATENT, and its record with each rank's figures."""
     plan = experts.parallel_plan
     core.check_sequence(core.latent_tokens(latent["samples"].shape), plan.ulysses_degree)

@@ -2,7 +2,7 @@
 the same files, through the same loader factory the MODELs came from (ComfyUI's `cached_patcher_init`, the
 one its MultiGPU clones use), keeps them loaded between runs, puts each run's weight patches (LoRAs) on its
 own clones, and runs the run's stages with ComfyUI's own sampling, as one process would, with its share of
-every sequence (sequence_parallel)."""
+every sequence (sequence.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import ray
 import torch
 import torch.distributed as dist
 
-from . import engine
-from .core.errors import Wan22InputError
-from .sequence_parallel import SequenceParallel
+from .. import engine
+from ..core.errors import Wan22InputError
+from .sequence import SequenceParallel
 
 STORE_POLL_S = 0.01  # how often a waiting rank looks for a key another rank has yet to set
 
@@ -28,7 +28,7 @@ def as_bytes(value) -> bytes:
 
 
 class RayStore(dist.Store):
-    """torch.distributed's rendezvous store over a Rendezvous actor (parallel_actor): every key goes through
+    """torch.distributed's rendezvous store over a Rendezvous actor (actor.py): every key goes through
     Ray, so only a process of the cluster (authenticated by Ray's token) reads or writes it."""
 
     def __init__(self, actor, timeout_s: float = 600.0):

@@ -1,6 +1,6 @@
-"""The Ray driver of a parallel plan's workers, in a process of its own: parallel.Pool starts one per pool and
+"""The Ray driver of a parallel plan's workers, in a process of its own: pool.Pool starts one per pool and
 talks to it over two pipes. It connects to Ray (a local cluster in the folder the pool gives it, or the cluster
-at RAY_ADDRESS), starts the workers (parallel_actor), and relays runs, progress and interrupts between them and
+at RAY_ADDRESS), starts the workers (actor.py), and relays runs, progress and interrupts between them and
 ComfyUI. ComfyUI's process never connects to Ray, so nothing Ray's client keeps (its log files, gRPC sockets and
 threads, which outlive ray.shutdown) stays in ComfyUI: it goes when this process ends, which it does when its
 pool is released, or by itself once ComfyUI is gone (its pipe closed), after stopping the workers and the local
@@ -8,7 +8,7 @@ cluster.
 
 It runs as a script with the standard library, Ray and psutil only: ComfyUI's objects cross it as bytes,
 pickled by ComfyUI and unpickled by the workers, and the workers answer with bytes and a word for the driver
-(parallel_worker.Worker.run).
+(worker.Worker.run).
 
 Messages from ComfyUI: ("run", run id, job bytes), ("interrupt", run id), ("stop",). To ComfyUI: first
 ("ready", {"pids", "gcs_address"}) or ("refused", text) or ("failed", text); for a run, ("progress", (bar,
@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 
 POLL_S = 0.2  # how often a run looks at its workers and at ComfyUI's pipe
 GRACE_S = 10  # how long the other workers may take to answer once one has failed
-# What a worker's failure was, as it says it (parallel_worker): a refusal or an interrupt that every worker made at
+# What a worker's failure was, as it says it (worker.py): a refusal or an interrupt that every worker made at
 # the same call leaves the group in a known state; anything else, or a worker gone, releases the workers.
 SAFE = ("refusal", "interrupt")
 
