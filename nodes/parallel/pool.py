@@ -34,6 +34,7 @@ import comfy.patcher_extension
 import comfy.utils
 
 from . import actor as parallel_actor, driver as parallel_driver
+from .rebuild import ATTENTION_OVERRIDE, unrebuildable
 from ..core import parallel as core
 from ..core.errors import Wan22InputError
 from ..core.experts import ROLE_WORDS
@@ -46,12 +47,6 @@ STOP_S = 60  # a hang guard only: the driver stops the workers and the cluster w
 # shadow Python's) on its path.
 DRIVER_MAIN = ("import runpy, sys; del sys.path[0]; sys.argv = sys.argv[1:]; "
                "runpy.run_path(sys.argv[0], run_name='__main__')")
-# Object patches ComfyUI's own nodes put on a Wan MODEL that the workers rebuild: the flow shift
-# (ModelSamplingSD3), which every stage sets again from the schedule.
-REBUILT_OBJECT_PATCHES = ("model_sampling",)
-# The transformer option the workers take along: an attention override (sage, flash, a Model Attention Backend
-# node), sent to them by value and run by the sequence split as its inner attention.
-ATTENTION_OVERRIDE = "optimized_attention_override"
 # Conditioning entries that carry models or Python objects of their own, which a worker cannot rebuild.
 WORKERLESS_CONDITIONING = ("control", "hooks", "gligen")
 # Set to 1 to run the workers on a Ray cluster without token authentication (anyone who can reach its ports can
@@ -73,28 +68,7 @@ def ray_module():
     return ray
 
 
-# --- what the workers rebuild each expert from ---
-
-def unrebuildable(model) -> list[str]:
-    """What a MODEL carries beyond its file and its weight patches: Python objects (wrappers, callbacks, model
-    and attention patches) that a worker process cannot rebuild, each named for the user."""
-    found = [f"object patch {key}" for key in model.object_patches if key not in REBUILT_OBJECT_PATCHES]
-    options = model.model_options
-    found += [f"model option {key}" for key, value in options.items() if key != "transformer_options" and value]
-    found += [f"transformer option {key}" for key, value in options.get("transformer_options", {}).items()
-              if value and key != ATTENTION_OVERRIDE]
-    for kind, by_key in model.wrappers.items():
-        found += [f"{kind} wrapper {key}" for key, wrappers in by_key.items() if wrappers]
-    for kind, by_key in model.callbacks.items():
-        found += [f"{kind} callback {key}" for key, callbacks in by_key.items() if callbacks]
-    found += [f"weight wrapper {key}" for key in model.weight_wrapper_patches]
-    found += [f"additional model {key}" for key in model.additional_models]
-    found += [f"injection {key}" for key, injections in model.injections.items() if injections]
-    found += [f"hook patch {key}" for key in (model.hook_patches or {})]
-    found += [f"weight patch with a function on {key}" for key, patches in model.patches.items()
-              if any(len(p) > 4 and p[4] is not None for p in patches)]
-    return found
-
+# --- what the workers rebuild each expert from (rebuild.py) ---
 
 def model_spec(model, role: str) -> dict:
     """How a worker makes the same MODEL: ComfyUI's loader factory for it, and its weight patches. A MODEL that

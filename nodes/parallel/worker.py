@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from .. import engine
 from ..core.errors import Wan22InputError
+from .rebuild import rebuilt
 from .sequence import SequenceParallel
 
 STORE_POLL_S = 0.01  # how often a waiting rank looks for a key another rank has yet to set
@@ -87,13 +88,7 @@ class Worker:
             if len(init) > 2:
                 base = base[init[2]]
             self.loaded[spec["key"]] = base
-        model = base.clone()
-        model.patches = {key: list(patches) for key, patches in spec["patches"].items()}
-        model.patches_uuid = spec["patches_uuid"]  # the received MODEL's: unchanged patches stay applied
-        if spec.get("attention") is not None:  # the MODEL's attention override, inside the sequence split
-            model.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = \
-                spec["attention"]
-        return model
+        return rebuilt(base, spec)
 
     def on_progress(self, value, total, _preview=None, node_id=None):
         """ComfyUI's progress bar hook: each stage's bar counts up from the start, so a value below the last

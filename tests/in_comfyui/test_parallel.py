@@ -302,3 +302,29 @@ def test_conditioning_that_carries_models_of_its_own_is_refused_by_name(comfyui,
         parallel.sample_on_workers(SimpleNamespace(parallel_plan=plan), None, [[text, {}]], [[text, {key: object()}]],
                         {"samples": torch.zeros(1, 16, 2, 4, 4)}, 0, {"high": 1.0, "low": 1.0})
     assert str(refused.value).startswith(f"negative: carries {key} (a ControlNet, hooks or GLIGEN node)")
+
+
+def test_every_field_of_a_model_clone_is_named_in_the_workers_rebuild_table(comfyui):
+    """A ModelPatcher clone's fields are exactly those parallel/rebuild.py names (rebuilt by the loader, sent,
+    or refused when set): a field a later ComfyUI adds fails here, instead of workers silently differing from
+    one process; a name the table keeps for a field that is gone fails too."""
+    import comfy.model_patcher
+
+    rebuild = comfyui.pack("nodes.parallel.rebuild")
+    named = [field for fields in rebuild.FIELDS.values() for field in fields]
+    assert len(named) == len(set(named)), "a field is named twice"
+    clone = comfy.model_patcher.ModelPatcher(torch.nn.Linear(2, 2), load_device=torch.device("cpu"),
+                                             offload_device=torch.device("cpu")).clone()
+    assert set(vars(clone)) - set(named) == set(), "fields the workers' rebuild does not account for"
+    assert set(named) - set(vars(clone)) == set(), "names for fields a ModelPatcher no longer has"
+
+
+def test_an_attachment_on_the_model_is_refused_by_name(comfyui):
+    import comfy.model_patcher
+
+    rebuild = comfyui.pack("nodes.parallel.rebuild")
+    model = comfy.model_patcher.ModelPatcher(torch.nn.Linear(2, 2), load_device=torch.device("cpu"),
+                                             offload_device=torch.device("cpu"))
+    assert rebuild.unrebuildable(model.clone()) == []
+    model.attachments["probe"] = object()
+    assert rebuild.unrebuildable(model) == ["attachment probe"]
