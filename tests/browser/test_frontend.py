@@ -237,6 +237,7 @@ def test_a_workflow_saved_with_an_old_sampler_name_loads_and_runs(page, server, 
     assert (report["sampler"], report["scheduler"]) == (new, "simple")
 
 
+@pytest.mark.slow  # about 3 minutes on two cores (a run encoded by the full-size umt5 stand-in)
 def test_the_three_stage_workflow_shows_the_three_parts_it_runs(page, native_text_server, frontend):
     """The lead stage node shows the lead, high and low steps live, from the frontend's own prompt; the run
     of that prompt (at a tiny size) reports the same three."""
