@@ -202,7 +202,7 @@ def test_the_parallel_package_is_one_room_that_the_engine_never_enters():
     nodes_dir = os.path.join(ROOT, "nodes")
     allowed = {"sampler_nodes.py", "extension.py", "parallel_nodes.py"}
     assert os.path.isfile(os.path.join(nodes_dir, "parallel", "__init__.py"))
-    assert not [f for f in os.listdir(nodes_dir) if f.startswith("parallel_") and f != "parallel_nodes.py"
+    assert not [f for f in os.listdir(nodes_dir) if (f.startswith("parallel_") and f != "parallel_nodes.py")
                 or f == "sequence_parallel.py"], "the parallel code lives in nodes/parallel/"
     for d, _, files in os.walk(nodes_dir):
         if os.path.basename(d) == "parallel":
@@ -210,7 +210,8 @@ def test_the_parallel_package_is_one_room_that_the_engine_never_enters():
         for f in files:
             if not f.endswith(".py") or (d == nodes_dir and f in allowed):
                 continue
-            dots = "." * (1 + os.path.relpath(d, nodes_dir).count(os.sep) + (d != nodes_dir))
+            depth = 0 if d == nodes_dir else len(os.path.relpath(d, nodes_dir).split(os.sep))
+            dots = "." * (1 + depth)  # a relative import of nodes/parallel from this folder
             into = [m for m in imports_of(os.path.join(d, f)) if m.startswith(f"{dots}parallel")
                     and not m.startswith(f"{dots}parallel_nodes")]
             assert into == [], f"{os.path.relpath(os.path.join(d, f), ROOT)} imports {into}"

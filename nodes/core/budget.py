@@ -101,7 +101,7 @@ def calibrate(budget: float, roles: tuple[str, ...], measure: Callable[[dict], T
         if error > budget:
             return False
         confirmed = memo(confirmations, confirm, thresholds).error
-        return max(error, confirmed) <= budget and (error + confirmed) / 2 <= target
+        return confirmed <= budget and (error + confirmed) / 2 <= target
 
     def caches(role: str) -> bool:  # the expert's rung fits and caches something (the lowest may cache nothing)
         return rung[role] >= 0 and run({**{r: None for r in roles}, role: LADDER[rung[role]]}).block_forwards \

@@ -75,7 +75,7 @@ class Driver:
     def __init__(self, incoming: Connection, outgoing: Connection, config: dict):
         self.incoming, self.outgoing, self.config = incoming, outgoing, config
         self.ray = None
-        self.actors, self.store, self.pids = [], None, []
+        self.actors, self.store = [], None
 
     def send(self, message) -> None:
         self.outgoing.send(message)
@@ -120,8 +120,7 @@ class Driver:
                 ranks = ", ".join(str(boots.index(r)) for r in pending)
                 raise RuntimeError(f"worker(s) {ranks} did not start in {config['boot_timeout_s']} s")
             self.check_comfy()
-        self.pids = ray.get(boots)
-        return {"pids": self.pids, "gcs_address": ray.get_runtime_context().gcs_address}
+        return {"pids": ray.get(boots), "gcs_address": ray.get_runtime_context().gcs_address}
 
     def check_authenticated(self) -> None:
         """Once connected: this process and the cluster's workers run with token authentication."""
@@ -217,8 +216,8 @@ class Driver:
         shutdown by about a minute otherwise."""
         import psutil
 
-        folder = self.config["temp_dir"]
-        if self.config["address"] or not folder:
+        folder = self.config["temp_dir"]  # None for a joined cluster (RAY_ADDRESS), which stays up
+        if not folder:
             return []
         found = {}
         for child in psutil.Process().children():
@@ -253,12 +252,9 @@ class Driver:
                 ready = self.start()
             except Gone:
                 return
-            except Refused as e:
-                self.send(("refused", str(e)))
-                self.wait_for_stop()
-                return
             except Exception as e:
-                self.send(("failed", f"{type(e).__name__}: {e}"))
+                refused = isinstance(e, Refused)
+                self.send(("refused" if refused else "failed", str(e) if refused else f"{type(e).__name__}: {e}"))
                 self.wait_for_stop()
                 return
             self.send(("ready", ready))

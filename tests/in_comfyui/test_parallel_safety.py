@@ -109,10 +109,10 @@ def test_the_store_probe_finds_a_tcp_store_and_nothing_else():
     del store
 
 
-def driver_processes(pid: int | None = None) -> list[psutil.Process]:
-    """The pools' Ray drivers (nodes/parallel/driver.py) this process (or `pid`) started."""
+def driver_processes() -> list[psutil.Process]:
+    """The pools' Ray drivers (nodes/parallel/driver.py) this process started."""
     found = []
-    for child in psutil.Process(pid).children():
+    for child in psutil.Process().children():
         try:
             if any(arg.endswith(os.path.join("parallel", "driver.py")) for arg in child.cmdline()):
                 found.append(child)
