@@ -121,6 +121,7 @@ def driver_processes() -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow  # about 2 minutes: the store probe waits out every listener that is not a store
 def test_a_warm_pool_opens_no_store_and_beyond_loopback_only_rays_authenticated_servers_listen(
         comfyui, tiny_models, parallel_experts, tmp_path):
     import ray
