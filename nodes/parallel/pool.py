@@ -34,7 +34,7 @@ import comfy.patcher_extension
 import comfy.utils
 
 from . import actor as parallel_actor, driver as parallel_driver
-from .rebuild import ATTENTION_OVERRIDE, unrebuildable
+from .rebuild import ATTENTION_OVERRIDE, sent_attachments, unrebuildable
 from ..core import parallel as core
 from ..core.errors import Wan22InputError
 from ..core.experts import ROLE_WORDS
@@ -88,7 +88,8 @@ def model_spec(model, role: str) -> dict:
     return {"init": init, "key": repr((getattr(init[0], "__module__", ""), getattr(init[0], "__qualname__", ""),
                                         init[1:])),
             "patches": {key: list(patches) for key, patches in model.patches.items()},
-            "patches_uuid": model.patches_uuid, "attention": attention_override(model, what)}
+            "patches_uuid": model.patches_uuid, "attention": attention_override(model, what),
+            "attachments": sent_attachments(model)}
 
 
 def attention_override(model, what: str):

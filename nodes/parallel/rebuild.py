@@ -15,6 +15,9 @@ REBUILT_OBJECT_PATCHES = ("model_sampling",)
 # The transformer option the workers take along: an attention override (sage, flash, a Model Attention Backend
 # node), sent to them by value and run by the sequence split as its inner attention.
 ATTENTION_OVERRIDE = "optimized_attention_override"
+# Attachments that are plain data, sent along and attached again: the header of a LoRA file, which ComfyUI's LoRA
+# loaders attach to every MODEL they patch (nothing in sampling reads it).
+SENT_ATTACHMENTS = ("lora_metadata",)
 
 # Every field of a ModelPatcher (ComfyUI 0.30.0), by what becomes of it on a worker:
 FIELDS = {
@@ -26,7 +29,8 @@ FIELDS = {
                "skip_injection", "force_cast_weights"),
     # sent to the workers and put on their clone (`rebuilt`)
     "sent": ("patches", "patches_uuid", "model_options"),
-    # refused when they hold anything (`unrebuildable`), but for REBUILT_OBJECT_PATCHES and ATTENTION_OVERRIDE
+    # refused when they hold anything (`unrebuildable`), but for REBUILT_OBJECT_PATCHES, ATTENTION_OVERRIDE and
+    # SENT_ATTACHMENTS
     "refused": ("object_patches", "wrappers", "callbacks", "weight_wrapper_patches", "additional_models",
                 "injections", "hook_patches", "attachments"),
 }
@@ -48,7 +52,8 @@ def unrebuildable(model) -> list[str]:
     found += [f"additional model {key}" for key in model.additional_models]
     found += [f"injection {key}" for key, injections in model.injections.items() if injections]
     found += [f"hook patch {key}" for key in (model.hook_patches or {})]
-    found += [f"attachment {key}" for key in (getattr(model, "attachments", None) or {})]
+    found += [f"attachment {key}" for key in (getattr(model, "attachments", None) or {})
+              if key not in SENT_ATTACHMENTS]
     found += [f"weight patch with a function on {key}" for key, patches in model.patches.items()
               if any(len(p) > 4 and p[4] is not None for p in patches)]
     return found
@@ -56,10 +61,18 @@ def unrebuildable(model) -> list[str]:
 
 def rebuilt(base, spec: dict):
     """A clone of the worker's own copy of the expert (`base`, from the loader factory) with what `spec` sent:
-    the run's weight patches and the MODEL's attention override."""
+    the run's weight patches, the MODEL's attention override and its data attachments."""
     model = base.clone()
     model.patches = {key: list(patches) for key, patches in spec["patches"].items()}
     model.patches_uuid = spec["patches_uuid"]  # the received MODEL's: unchanged patches stay applied
     if spec.get("attention") is not None:  # the MODEL's attention override, inside the sequence split
         model.model_options.setdefault("transformer_options", {})[ATTENTION_OVERRIDE] = spec["attention"]
+    for key, value in spec.get("attachments", {}).items():
+        model.set_attachments(key, value)
     return model
+
+
+def sent_attachments(model) -> dict:
+    """The MODEL's data attachments (SENT_ATTACHMENTS), by value, for `rebuilt`."""
+    return {key: value for key, value in (getattr(model, "attachments", None) or {}).items()
+            if key in SENT_ATTACHMENTS}

@@ -319,12 +319,17 @@ def test_every_field_of_a_model_clone_is_named_in_the_workers_rebuild_table(comf
     assert set(named) - set(vars(clone)) == set(), "names for fields a ModelPatcher no longer has"
 
 
-def test_an_attachment_on_the_model_is_refused_by_name(comfyui):
+def test_an_attachment_on_the_model_is_refused_by_name_but_a_lora_header_is_sent(comfyui):
     import comfy.model_patcher
 
     rebuild = comfyui.pack("nodes.parallel.rebuild")
     model = comfy.model_patcher.ModelPatcher(torch.nn.Linear(2, 2), load_device=torch.device("cpu"),
                                              offload_device=torch.device("cpu"))
     assert rebuild.unrebuildable(model.clone()) == []
+    model.set_attachments("lora_metadata", {"format": "pt"})  # every LoRA loader attaches its file's header
+    assert rebuild.unrebuildable(model) == []
+    rebuilt = rebuild.rebuilt(model, {"patches": {}, "patches_uuid": model.patches_uuid,
+                                      "attachments": rebuild.sent_attachments(model)})
+    assert rebuilt.get_attachment("lora_metadata") == {"format": "pt"}
     model.attachments["probe"] = object()
     assert rebuild.unrebuildable(model) == ["attachment probe"]
