@@ -206,7 +206,7 @@ def t2v_template_cachedit_model() -> dict:
     """ComfyUI's own Wan2.2 14B T2V template as it ships (20 steps, shift 5, CFG 3.5, euler/simple, the switch
     typed at step 10, its two KSamplerAdvanced), with one Wan2.2 Cache-DiT (MODEL) node on each expert
     between its Load Diffusion Model and its ModelSamplingSD3: each KSamplerAdvanced's call gets a context
-    sized with its own 10 evaluations. Warm-ups and caps are the Two-Stage Sampler's per expert."""
+    of its own for its 10 evaluations. Warm-ups and caps are the Two-Stage Sampler's per expert."""
     high, low = T2V_EXPERTS
     plan = {**CachePlan().node_inputs(), "residual_diff_threshold": SHIPPED_THRESHOLD}
 

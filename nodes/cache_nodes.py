@@ -1,6 +1,6 @@
 """Wan2.2 Cache-DiT: puts a cache plan on a new experts handle; the sampler applies it to each expert's
-stage of each run, with a context sized to that stage. Wan2.2 Cache-DiT (MODEL): the same cache on one
-expert's MODEL, for graphs of ComfyUI's own samplers, sized at each sample call."""
+stage of each run, with a context of that stage's own. Wan2.2 Cache-DiT (MODEL): the same cache on one
+expert's MODEL, for graphs of ComfyUI's own samplers, with a context of its own for each sample call."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 
 from comfy_api.latest import io
 
+from . import cache_dit_backend
 from .core.cache import CALIBRATORS, CachePlan, ExpertCacheSettings
 from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
@@ -66,7 +67,8 @@ class Wan22CacheDiT(io.ComfyNode):
             display_name="Wan2.2 Cache-DiT",
             category=CATEGORY,
             description="Caches transformer blocks on steps where little changes (Cache-DiT DBCache), with a "
-                        "context per expert sized by the sampler with that expert's transformer calls in each run.",
+                        "context of its own for each expert's stage of each run, built when the stage starts and "
+                        "dropped when it ends.",
             inputs=[
                 ExpertsType.Input("experts", tooltip="The experts to cache; the handle this node received stays "
                                                      "uncached for other branches."),
@@ -104,7 +106,7 @@ class Wan22CacheDiT(io.ComfyNode):
         plan.check(experts.architecture.num_layers)
         hidden = getattr(cls, "hidden", None)
         handle = experts.replace(cache_plan=plan, cache_node=hidden.unique_id if hidden is not None else None)
-        return io.NodeOutput(handle, ui={"text": [f"{plan.summary()}\n{PASSES_NOTE}"]})
+        return io.NodeOutput(handle, ui={"text": [f"{cache_dit_backend.describe_plan(plan)}\n{PASSES_NOTE}"]})
 
 
 MODEL_NODE = "Wan2.2 Cache-DiT (MODEL)"
@@ -123,8 +125,8 @@ def model_plan(residual_diff_threshold, first_compute_blocks, last_compute_block
 
 class SampleCallCache(StageCache):
     """The MODEL node's cache: each sample call on the MODEL (each KSampler, KSamplerAdvanced or
-    SamplerCustomAdvanced that runs it) is a stage of its own, with a context sized with that call's sigmas
-    and sampler; after each, cache-dit's statistics go to the node's text on the canvas and to the log."""
+    SamplerCustomAdvanced that runs it) is a stage of its own, with a context of its own; after each,
+    cache-dit's statistics go to the node's text on the canvas and to the log."""
 
     def __init__(self, plan: CachePlan, node_id: str | None, layers: int):
         super().__init__(plan, "high", "model", turn_off=MODEL_TURN_OFF)
@@ -143,7 +145,7 @@ def stats_line(stats: dict) -> str:
     if not stats["cached"]:
         return f"{stats['evaluations']} evaluations; {stats['note']}"
     return (f"{len(stats['cached_steps']) + len(stats['cfg_cached_steps'])} of "
-            f"{stats['evaluations']} evaluations cached (context sized {stats['evaluations']}, {stats['config']}), "
+            f"{stats['evaluations']} evaluations cached ({stats['config']}), "
             f"{blocks_saved(stats)}")
 
 
@@ -182,7 +184,7 @@ class Wan22CacheDiTModel(io.ComfyNode):
             category=CATEGORY,
             description="Cache-DiT (DBCache) on one Wan2.2 expert's MODEL, for graphs of ComfyUI's own samplers "
                         "(the official template's two KSamplerAdvanced, a three-stage graph): each sample call on "
-                        "this MODEL gets a context of its own, sized with that call's sigmas and sampler, installed "
+                        "this MODEL gets a context of its own, whatever its sampler, installed "
                         "for that call only. Put one on each expert.",
             inputs=[
                 io.Model.Input("model", tooltip="One Wan2.2 expert's MODEL (after its LoRAs). The MODEL this node "
@@ -227,4 +229,5 @@ class Wan22CacheDiTModel(io.ComfyNode):
         hidden = getattr(cls, "hidden", None)
         cached = model.clone()
         SampleCallCache(plan, hidden.unique_id if hidden is not None else None, layers).attach(cached)
-        return io.NodeOutput(cached, ui={"text": [f"{plan.strify('high')}; sized at each sample call"]})
+        text = f"{cache_dit_backend.describe(plan, 'high')}; a context of its own for each sample call"
+        return io.NodeOutput(cached, ui={"text": [text]})

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import comfy.patcher_extension
 import nodes as comfyui_nodes
 
-from .core import cache as core_cache
 from .core.errors import Wan22InputError
 from .core.report import RunRecord, StepRecord
 from .core.schedule import STAGE_WORDS, RunSchedule
@@ -66,9 +65,6 @@ def plan_stages(experts, schedule: RunSchedule, cfg: dict[str, float]) -> list[S
     check_run(experts, schedule)
     models = experts.models()
     names = list(schedule.stage_steps())
-    if experts.cache_plan is not None:  # refuses a sampler the cache cannot size before anything loads
-        for name in names:
-            core_cache.evaluations_per_step(schedule.sampler, schedule.stage_sigmas(name))
     stages = []
     for i, name in enumerate(names):
         first, last = i == 0, i == len(names) - 1
@@ -165,11 +161,14 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
         out = run_stage(stage, schedule.sampler, schedule.scheduler, positive, negative, out, seed)
         record.seconds[stage.name] = round(time.perf_counter() - started, 4)
         record.calls[stage.name], record.forward_passes[stage.name] = calls.calls, calls.prompts
-        per_step = cache.per_step if cache is not None else [1] * (len(stage.sigmas) - 1)
+        steps = len(stage.sigmas) - 1  # a sampler whose step callbacks do not mark its steps: one evaluation each
+        per_step = cache.per_step if cache is not None and len(cache.per_step) == steps else [1] * steps
         record.steps += [StepRecord(index=len(record.steps) + i, sigma=stage.sigmas[i], expert=stage.role,
                                     evaluations=n, stage=stage.name) for i, n in enumerate(per_step)]
         if cache is not None:
             record.cache[stage.name] = cache.statistics(experts.architecture.num_layers)
+    if plan is not None:
+        record.cache_plan = StageCache.backend.describe_plan(plan)
     if compiled:
         record.compile = {"backend": compiled, "graphs_compiled": dynamo_graphs() - graphs}
     return out, record

@@ -1,13 +1,14 @@
-"""Cache-DiT on ComfyUI's own Wan model, for one expert's stage of one run.
+"""The stage observer: a cache on ComfyUI's own Wan model, for one expert's stage of one run.
 
 The diffusion model is shared by every clone of a MODEL (other branches, native nodes downstream), so
-nothing of cache-dit may outlive the stage. Like ComfyUI's own EasyCache, everything goes through
-wrappers on the stage's own clone: cache-dit is installed when the stage's sampling starts (after
+nothing of the cache may outlive the stage. Like ComfyUI's own EasyCache, everything goes through
+wrappers on the stage's own clone: the cache is installed when the stage's sampling starts (after
 ComfyUI has loaded and patched the weights) and removed when it ends, also after an error or an
-interrupt. Each of cache-dit's traps that this avoids is marked where it does.
+interrupt. The observer decides when; the cache itself (cache-dit) is driven through one module,
+cache_dit_backend.py, and knows nothing of stages.
 
 What the cache must know about the stage it learns from the calls its wrappers see, never from a copy of
-ComfyUI's own rules: the sigmas and the sampler at the stage's sample call, the prompts at its first
+ComfyUI's own rules: the evaluations of each step from the sampler's step callbacks, the prompts at its first
 evaluation, and how ComfyUI batches them at its first transformer call. What it saw first must hold for the
 whole stage. The same lifecycle serves the pack's sampler (one StageCache per stage) and the Cache-DiT MODEL
 node (one StageCache on the MODEL, reset at each sample call: each KSampler's call is a stage).
@@ -15,15 +16,16 @@ node (one StageCache on the MODEL, reset at each sample call: each KSampler's ca
 
 from __future__ import annotations
 
+import logging
+
 import comfy.patcher_extension
 
-import comfy.samplers
-
+from . import cache_dit_backend
+from .block_forwards import SwappedForwards
 from .core import cache as core
 from .core.errors import Wan22InputError
-from .core.logs import quiet_cache_dit
 from .core.schedule import STAGE_WORDS
-from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices
+from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices, with_argument
 
 KEY = "wan22_cache_dit"
 WrappersMP = comfy.patcher_extension.WrappersMP
@@ -34,7 +36,7 @@ CARRIERS = {"lead": "lead stage's high-noise expert", "high": "high-noise expert
 
 # While cache-dit runs a call, ComfyUI's Wan block loop sees one block (cache-dit's, which runs the real ones): the
 # index and count it puts in transformer_options would read 0 and 1, and the per-block patches it applies by index
-# would apply to the whole stack or not at all. The cached loop gives every block its own (IndexedBlocks): the
+# would apply to the whole stack or not at all. The cached loop gives every block its own (indexed_forward): the
 # replace patches (patches_replace dit double_block i) are moved out of that loop's sight, to this key, for the
 # blocks to apply themselves.
 BLOCK_REPLACE = "wan22_block_replace"
@@ -70,55 +72,31 @@ def replaced_blocks(transformer_options: dict) -> tuple:
     return tuple(sorted(index for kind, index in replace_patches(transformer_options) if kind == HONOURED))
 
 
-class IndexedBlocks:
-    """Each block of a cached diffusion model, for one stage, runs as it runs in ComfyUI's own block loop:
-    with its index and the block count in transformer_options (attention overrides and block patches read
-    them), and through its replace patch when it has one, called the way that loop calls it (the patch gets
-    the block's arguments and the original block). Only the blocks cache-dit computes are called, so a
-    patch applies on every computed block and on none of the skipped ones, as every other part of them.
-    Installed as an instance `forward` of each block (the objects stay those ComfyUI holds, and so does any
-    wrapper around them, e.g. a compiled block), removed after the stage."""
+def indexed_forward(i: int, total: int, inner):
+    """Block i's forward while a stage is cached: it runs as it runs in ComfyUI's own block loop, with its index
+    and the block count in transformer_options (attention overrides and block patches read them), and through
+    its replace patch when it has one, called the way that loop calls it (the patch gets the block's arguments
+    and the original block). Only the blocks cache-dit computes are called, so a patch applies on every
+    computed block and on none of the skipped ones, as every other part of them."""
+    def forward(x, *args, transformer_options=None, **kwargs):
+        options = {} if transformer_options is None else transformer_options
+        options["block_index"], options["total_blocks"] = i, total
+        replace = options.get(BLOCK_REPLACE, {}).get((HONOURED, i))
+        if replace is None:
+            return inner(x, *args, transformer_options=options, **kwargs)
+        context_img_len = kwargs.get("context_img_len")
 
-    def __init__(self, blocks):
-        self.blocks = list(blocks)
-        self.saved = []
-
-    def install(self) -> None:
-        total = len(self.blocks)
-        for i, block in enumerate(self.blocks):
-            own = vars(block).get("forward")
-            self.saved.append(own)
-            block.forward = self.forward_of(i, total, own if own is not None else type(block).forward.__get__(block))
-
-    def remove(self) -> None:
-        for block, own in zip(self.blocks, self.saved):
-            if own is None:
-                vars(block).pop("forward", None)
-            else:
-                block.forward = own
-        self.saved = []
-
-    @staticmethod
-    def forward_of(i: int, total: int, inner):
-        def forward(x, *args, transformer_options=None, **kwargs):
-            options = {} if transformer_options is None else transformer_options
-            options["block_index"], options["total_blocks"] = i, total
-            replace = options.get(BLOCK_REPLACE, {}).get((HONOURED, i))
-            if replace is None:
-                return inner(x, *args, transformer_options=options, **kwargs)
-            context_img_len = kwargs.get("context_img_len")
-
-            def original_block(a):
-                return {"img": inner(a["img"], context=a["txt"], e=a["vec"], freqs=a["pe"],
-                                     context_img_len=context_img_len, transformer_options=a["transformer_options"])}
-            return replace({"img": x, "txt": kwargs["context"], "vec": kwargs["e"], "pe": kwargs["freqs"],
-                            "transformer_options": options}, {"original_block": original_block})["img"]
-        return forward
+        def original_block(a):
+            return {"img": inner(a["img"], context=a["txt"], e=a["vec"], freqs=a["pe"],
+                                 context_img_len=context_img_len, transformer_options=a["transformer_options"])}
+        return replace({"img": x, "txt": kwargs["context"], "vec": kwargs["e"], "pe": kwargs["freqs"],
+                        "transformer_options": options}, {"original_block": original_block})["img"]
+    return forward
 
 
 def hide_replace_patches(options: dict) -> None:
     """Moves the Wan block replace patches of one transformer call (its own transformer_options, copied per
-    call by ComfyUI) from the block loop's sight to the blocks' (IndexedBlocks)."""
+    call by ComfyUI) from the block loop's sight to the blocks' (indexed_forward)."""
     replace = options.get("patches_replace", {})
     if "dit" in replace:
         options[BLOCK_REPLACE] = replace["dit"]
@@ -128,7 +106,7 @@ def hide_replace_patches(options: dict) -> None:
 def sharing_parts(model_options: dict) -> list[str]:
     """What else on the sampled MODEL runs the expert in a way a Cache-DiT context cannot follow, each named
     for the user: another cache (ComfyUI's EasyCache and LazyCache skip whole model calls by their own
-    measure, so cache-dit would see fewer steps than it was sized with, or cache on top of a cache), context
+    measure, so cache-dit would compare steps that are not neighbours, or cache on top of a cache), context
     windows (each frame window is one more call of the same step: cache-dit would compare one window's
     residual with another's) and the MultiGPU CFG split (its clones run some prompts on other devices,
     uncached, in threads)."""
@@ -144,43 +122,14 @@ def sharing_parts(model_options: dict) -> list[str]:
     return found
 
 
-def sampler_names(sampler) -> list[str]:
-    """The names of ComfyUI's samplers that `sampler` (the KSAMPLER whose sample call a SAMPLER_SAMPLE wrapper
-    wraps) can be, matched by its sampling function against what ComfyUI's own `sampler_object` builds for
-    each name. It is the only witness of the sampler inside a graph that the pack did not build (a
-    KSamplerAdvanced, a SamplerCustomAdvanced with KSamplerSelect)."""
-    function = getattr(sampler, "sampler_function", None)
-    if function is None:
-        return []
-    names = []
-    for name in comfy.samplers.KSampler.SAMPLERS:
-        known = getattr(comfy.samplers.sampler_object(name), "sampler_function", None)
-        # by identity, or by name for the functions ComfyUI defines anew on each call (dpm_fast, dpm_adaptive)
-        if known is function or (getattr(known, "__qualname__", None), getattr(known, "__module__", None)) == (
-                getattr(function, "__qualname__", ""), getattr(function, "__module__", "")):
-            names.append(name)
-    return names
-
-
-def evaluations_of(sampler, sigmas: list[float], stage: str, turn_off: str = TURN_OFF) -> list[int]:
-    """The transformer evaluations of each step of a sample call, from the sampler it runs and its sigmas."""
-    names = sampler_names(sampler)
-    counts = {tuple(core.evaluations_per_step(name, sigmas)) for name in names}
-    if len(counts) != 1:
-        what = getattr(getattr(sampler, "sampler_function", None), "__name__", type(sampler).__name__)
-        raise Wan22InputError("enabled", f"the {STAGE_WORDS[stage]} stage runs a sampler ({what}) that is not one of "
-                                         "ComfyUI's KSampler samplers, so Cache-DiT cannot know how often it calls "
-                                         f"the expert and size its context: use a KSampler sampler, or {turn_off}")
-    return list(counts.pop())
-
-
 def describe_calls(calls) -> str:
     return "; ".join("+".join(PROMPT_NAMES.get(i, str(i)) for i in call) or "unmarked" for call in calls)
 
 
 class StageCache:
-    """cache-dit on one expert's diffusion model for exactly one stage, with a context of its own sized with
-    the evaluations of that stage; `summary` holds cache-dit's own statistics once the stage has run.
+    """A cache (cache-dit's DBCache: `backend`, cache_dit_backend.py) on one expert's diffusion model
+    for exactly one stage, with a context of its own that lives as long as the stage; the stage's statistics
+    once it has run.
 
     `cfg_batching` is how the prompts of one evaluation reach the transformer, as first seen:
     - "single": one prompt (CFG 1), one call per evaluation;
@@ -189,12 +138,11 @@ class StageCache:
       then keeps a residual stream per prompt, in the order ComfyUI calls them (`pass_order`).
     A stage whose prompts or batching change after that is stopped rather than cached wrongly."""
 
+    backend = cache_dit_backend  # the cache method: the one module that talks to it (a test swaps in a double)
+
     def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF):
         self.plan, self.role, self.stage = plan, role, stage or role  # role: the expert whose settings apply
         self.turn_off = turn_off  # what the user can do when the cache cannot follow a stage
-        self.per_step: list[int] = []
-        self.evaluations = 0
-        self.config = None
         self._reset()
 
     def _reset(self) -> None:
@@ -204,13 +152,13 @@ class StageCache:
         self.replaced = None  # the blocks with a replace patch, as the first evaluation had them
         self.pattern = None  # the prompts of each transformer call of the first evaluation
         self.calls_now = None  # ... of the evaluation in progress (None outside an evaluation)
-        self.evaluations_seen = 0
+        self.evaluations = 0  # the stage's evaluations so far
+        self.per_step: list[int] = []  # evaluations of each step, as the sampler's step callbacks mark them
         self.diffusion_model = None
         self.installed = False
         self.block_forwards = 0
-        self.calls = 0  # transformer calls
-        self.summary = None
-        self.held = None  # the tensors cache-dit held at the stage's end: {"bytes", "devices"}
+        self.outcome = None  # what the cache did, once the stage has run
+        self.held = None  # the tensors it held at the stage's end: {"bytes", "devices"}
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
@@ -219,7 +167,7 @@ class StageCache:
         model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY, self.calc_cond_batch)
         model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, self.diffusion_model_call)
 
-    # --- the stage's sample call: size the context from its sigmas, install, run, remove ---
+    # --- the stage's sample call: install, run, remove ---
 
     def sampler_sample(self, executor, *args, **kwargs):
         # Installed here, not around the whole sampling: ComfyUI has loaded and patched the weights by now,
@@ -231,33 +179,48 @@ class StageCache:
             raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is also run by {'; '.join(sharing)}, "
                                              f"which Cache-DiT cannot share a stage with: {self.turn_off}, or remove "
                                              "that node")
-        sigmas = call_argument(executor, args, kwargs, "sigmas")
-        self.per_step = evaluations_of(executor.class_obj, [float(s) for s in sigmas], self.stage, self.turn_off)
-        self.evaluations = sum(self.per_step)
-        self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=False)
         self.diffusion_model = guider.model_patcher.model.diffusion_model
-        # A stage whose evaluations are all warm-up (or capped at 0) could cache nothing: it runs without
-        # cache-dit, and its report says why (core.skip_note).
-        self.installed = core.skippable_steps(self.plan, self.role, self.evaluations) > 0
-        if already_cached(self.diffusion_model):  # another of our caches on the same expert is running it
+        if self.backend.is_cached(self.diffusion_model):  # another of our caches on the same expert runs it
             raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is already cached by another Cache-DiT "
                                              "node in this sampling (a Wan2.2 Cache-DiT (MODEL) node and the Wan2.2 "
                                              "Cache-DiT node on one expert?): keep one of them")
-        counters, indexed = [], IndexedBlocks(self.diffusion_model.blocks)
+        # A stage capped at 0 cached evaluations runs without the cache, and its report says why (core.skip_note).
+        self.installed = self.plan.settings(self.role).max_cached_steps != 0
+        args, kwargs = with_argument(executor, args, kwargs, "callback",
+                                     self.step_callback(call_argument(executor, args, kwargs, "callback")))
+        counters, indexed = [], SwappedForwards(self.diffusion_model.blocks, indexed_forward)
+        failed = True
         try:
             if self.installed:
-                install(self.diffusion_model, self.config, self.plan.calibrator_config())
+                self.backend.install(self.diffusion_model, self.plan, self.role, separate_cfg=False)
                 indexed.install()
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
-            self.summary = summary_of(self.diffusion_model) if self.installed else None
-            self.held = held_by(self.diffusion_model) if self.installed else None
+            if self.evaluations > sum(self.per_step):  # after the sampler's last step callback, if any
+                self.per_step.append(self.evaluations - sum(self.per_step))
+            self.outcome = self.backend.outcome(self.diffusion_model) if self.installed else None
+            self.held = self.backend.held(self.diffusion_model) if self.installed else None
+            failed = False
             return out
         finally:
-            for counter in counters:
-                counter.remove()
-            indexed.remove()
-            remove(self.diffusion_model)
+            try:
+                for counter in counters:
+                    counter.remove()
+                indexed.remove()
+                self.backend.remove(self.diffusion_model)
+            except Exception:
+                if not failed:
+                    raise
+                # the stage's own error is the one the user needs: this one goes to the log only
+                logging.exception("Wan2.2 Cache-DiT: removing the cache after the %s stage's error also failed",
+                                  STAGE_WORDS[self.stage])
+
+    def step_callback(self, callback):
+        """The sampler's step callback, marking where each step's evaluations end."""
+        def step_done(i, *args, **kwargs):
+            self.per_step.append(self.evaluations - sum(self.per_step))
+            return None if callback is None else callback(i, *args, **kwargs)
+        return step_done
 
     def count_block(self, _module, _args, _output):
         self.block_forwards += 1
@@ -283,10 +246,7 @@ class StageCache:
         elif present != self.prompts:
             raise self.changed(f"an evaluation with the prompts {describe_calls([present])} where the stage began "
                                f"with {describe_calls([self.prompts])} (a guidance node that runs the model again?)")
-        self.evaluations_seen += 1
-        if self.evaluations_seen > self.evaluations:
-            raise self.changed(f"more evaluations than the {self.evaluations} its sampler makes on these sigmas (a "
-                               "guidance node or model patch that runs the model again?)")
+        self.evaluations += 1
         self.calls_now = []
         out = executor(*args, **kwargs)
         calls, self.calls_now = tuple(self.calls_now), None
@@ -321,7 +281,6 @@ class StageCache:
                                                    f"step had {describe_calls(self.pattern or calls)} (ComfyUI "
                                                    "batches the prompts by free memory, which changed)")
         calls.append(order)
-        self.calls += 1
         return executor(*args, **kwargs)
 
     def decide_batching(self, order: tuple[int, ...]) -> None:
@@ -334,9 +293,8 @@ class StageCache:
             self.pass_order = (PROMPT_NAMES[first], PROMPT_NAMES[second])
             # cache-dit's separate CFG keeps one residual stream for the even calls and one for the odd ones,
             # each with its own difference (cfg_diff_compute_separate), so it pairs ComfyUI's calls as they come.
-            self.config = self.plan.db_cache_config(self.role, self.evaluations, separate_cfg=True)
             if self.installed:
-                refresh(self.diffusion_model, self.config, self.plan.calibrator_config())
+                self.backend.refresh(self.diffusion_model, self.plan, self.role, separate_cfg=True)
         else:
             raise self.changed(f"its first call carried {describe_calls([order])} of the prompts "
                                f"{describe_calls([self.prompts])}")
@@ -366,87 +324,12 @@ class StageCache:
 
     def statistics(self, layers: int) -> dict:
         """The stage's entry in a report, once it has run."""
-        stats = core.statistics(self.plan, self.role, self.summary, self.config.strify(), self.evaluations,
-                                self.cfg_batching, self.pass_order, self.calls, self.block_forwards, layers)
-        stats["cached"] = self.installed  # False: the stage ran without cache-dit (its note says why)
+        seen = core.StageSeen(evaluations=self.evaluations, calls=self.evaluations * len(self.pattern or ()),
+                              cfg_batching=self.cfg_batching, pass_order=self.pass_order,
+                              block_forwards=self.block_forwards,
+                              config=self.backend.describe(self.plan, self.role, self.cfg_batching == "separate"))
+        stats = core.statistics(self.plan, self.role, seen, self.outcome or self.backend.NOTHING, layers)
+        stats["cached"] = self.installed  # False: the stage ran without the cache (its note says why)
         stats["held_bytes"] = self.held["bytes"] if self.held else 0
         stats["held_on"] = self.held["devices"] if self.held else []
         return stats
-
-
-def already_cached(diffusion_model) -> bool:
-    from cache_dit.caching.block_adapters import BlockAdapter
-
-    return BlockAdapter.is_cached(diffusion_model)
-
-
-def install(diffusion_model, config, calibrator_config) -> None:
-    import cache_dit
-    from cache_dit import BlockAdapter, ForwardPattern
-
-    with quiet_cache_dit():
-        # Pattern_3: ComfyUI's Wan blocks take x and return x (context, e, freqs as keyword arguments).
-        adapter = BlockAdapter(transformer=diffusion_model, blocks=diffusion_model.blocks,
-                               forward_pattern=ForwardPattern.Pattern_3, check_forward_pattern=False)
-        cache_dit.enable_cache(adapter, cache_config=config, calibrator_config=calibrator_config)
-
-
-def refresh(diffusion_model, config, calibrator_config) -> None:
-    """A new context of the given config in place of the installed one. The blocks read their context by name
-    on every call, so a refresh before a call's blocks run applies to that call."""
-    import cache_dit
-
-    with quiet_cache_dit():
-        cache_dit.refresh_context(diffusion_model, cache_config=config, calibrator_config=calibrator_config)
-
-
-def remove(diffusion_model) -> None:
-    """Unhooks the model completely: its output is then bit-identical to a model never cached."""
-    import cache_dit
-
-    if already_cached(diffusion_model):
-        with quiet_cache_dit():
-            cache_dit.disable_cache(diffusion_model)
-    # disable_cache leaves `forward` as an instance attribute bound to the class's own forward: drop it, so
-    # the shared model is exactly as ComfyUI built it.
-    forward = vars(diffusion_model).get("forward")
-    if forward is not None and getattr(forward, "__func__", None) is type(diffusion_model).forward:
-        del diffusion_model.forward
-
-
-def held_by(diffusion_model) -> dict:
-    """What cache-dit's contexts on the model hold: the bytes of every tensor in their buffers (the cached
-    residuals and hidden states) and calibrators (TaylorSeer's derivatives), each counted once, and the
-    devices they are on."""
-    import torch
-
-    found = {}  # id -> tensor: each counted once
-
-    def walk(value, depth=0):
-        if isinstance(value, torch.Tensor):
-            found[id(value)] = value
-            return
-        if depth > 12:
-            return
-        if hasattr(value, "__dict__") and type(value).__module__.startswith("cache_dit"):
-            value = vars(value)
-        if isinstance(value, dict):
-            value = value.values()
-        if isinstance(value, (list, tuple, type({}.values()))):
-            for item in value:
-                walk(item, depth + 1)
-    manager = getattr(diffusion_model, "_context_manager", None)
-    for name in getattr(diffusion_model, "_context_names", ()):
-        context = manager.get_context(name)
-        walk([context.buffers, context.calibrator, context.encoder_calibrator, context.cfg_calibrator,
-              context.cfg_encoder_calibrator])
-    tensors = found.values()
-    return {"bytes": sum(t.numel() * t.element_size() for t in tensors),
-            "devices": sorted({str(t.device) for t in tensors})}
-
-
-def summary_of(diffusion_model):
-    import cache_dit
-
-    summaries = [s for s in cache_dit.summary(diffusion_model, details=False, logging=False) if s.cache_options]
-    return summaries[0] if summaries else None

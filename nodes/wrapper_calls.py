@@ -24,6 +24,13 @@ def call_argument(executor, args: tuple, kwargs: dict, name: str):
     raise KeyError(f"{getattr(executor.original, '__qualname__', executor.original)} has no parameter {name!r}")
 
 
+def with_argument(executor, args: tuple, kwargs: dict, name: str, value) -> tuple[tuple, dict]:
+    """The call's (args, kwargs) with parameter `name` set to `value`, found by name as call_argument finds it."""
+    bound = inspect.signature(executor.original).bind(*args, **kwargs)
+    bound.arguments[name] = value
+    return bound.args, bound.kwargs
+
+
 # ComfyUI's sampling tells the transformer which prompts a call carries: transformer_options["cond_or_uncond"],
 # 0 for the positive (conditional) prompt, 1 for the negative (unconditional) one, one entry per batch chunk.
 PROMPT_NAMES = {0: "positive", 1: "negative"}

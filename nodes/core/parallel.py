@@ -150,7 +150,7 @@ def parallel_report(plan: ParallelPlan, ranks: list[dict]) -> dict:
         # cache-dit's residual-difference statistic per step, as each rank computed it: one value on every rank
         # (the reduced whole sequence's), never a shard's own
         "residual_diffs": [r.get("residual_diffs", {}) for r in ranks],
-        "context_evaluations": [r["contexts"] for r in ranks],
+        "contexts": [r["contexts"] for r in ranks],  # per stage: the cache's contexts as each rank saw them
         "ranks_agree": all((r["cached_steps"], r.get("residual_diffs")) == (ranks[0]["cached_steps"],
                                                                            ranks[0].get("residual_diffs"))
                            for r in ranks),

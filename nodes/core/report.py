@@ -37,6 +37,7 @@ class RunRecord:
     forward_passes: dict[str, int] = field(default_factory=dict)  # prompts in those calls
     seconds: dict[str, float] = field(default_factory=dict)
     cache: dict = field(default_factory=dict)  # per cached stage: cache-dit's statistics
+    cache_plan: str | None = None  # the cache's settings per expert, in its own words
     compile: dict | None = None  # with torch.compile on the experts: its backend per stage, graphs compiled
     parallel: dict | None = None  # with a parallel plan: the workers, their devices, each rank's figures
 
@@ -79,7 +80,7 @@ def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord
         "transformer_calls": dict(record.calls),
         "forward_passes": dict(record.forward_passes),
         "expert_per_step": [s.expert for s in record.steps],
-        "cache": {"plan": experts.cache_plan.summary() if experts.cache_plan else None, **record.cache},
+        "cache": {"plan": record.cache_plan, **record.cache},
         "compile": record.compile,
         "parallel": record.parallel,
     }
@@ -115,8 +116,8 @@ def summary_line(report: dict) -> str:
     for stage in STAGES:
         stats = report["cache"].get(stage)
         if stats and "cached_steps" in stats:
-            line = (f"cache {stage}: {len(stats['cached_steps'])} of {stats['evaluations']} steps cached "
-                    f"(context sized {stats['evaluations']}), {blocks_saved(stats)}")
+            line = (f"cache {stage}: {len(stats['cached_steps'])} of {stats['evaluations']} steps cached, "
+                    f"{blocks_saved(stats)}")
             if stats["skippable_steps"] == 0:
                 line += f"; {stats['note']}"
             lines.append(line)

@@ -29,6 +29,8 @@ import comfy.patcher_extension
 import torch
 import torch.distributed as dist
 
+from .. import cache_dit_backend
+from ..block_forwards import SwappedForwards
 from ..core import parallel as core
 from ..core.errors import Wan22InputError
 from ..wrapper_calls import call_argument
@@ -45,7 +47,7 @@ def all_to_all(x: torch.Tensor, scatter: int, gather: int) -> torch.Tensor:
 
 class SequenceParallel:
     """One worker's part of the split, for the stages of one run; `comm_seconds` is the time it spent in
-    collectives, `contexts` the evaluations of each stage's cache-dit contexts as this rank read them from
+    collectives, `contexts` each stage's cache-dit contexts (their settings) as this rank read them from
     cache-dit while the stage ran."""
 
     def __init__(self, rank: int, world: int, cancelled):
@@ -103,14 +105,11 @@ class SequenceParallel:
         options["optimized_attention_override"] = self.attention
         diffusion_model = executor.class_obj
         if stage not in self.contexts:
-            self.contexts[stage] = context_sizes(diffusion_model)
-        entries = list(diffusion_model.blocks)
-        saved = [vars(entry).get("forward") for entry in entries]
+            self.contexts[stage] = cache_dit_backend.contexts(diffusion_model)
+        entries = SwappedForwards(diffusion_model.blocks, self.entry_forward)
         hooks = []
         try:
-            for i, entry in enumerate(entries):
-                inner = saved[i] if saved[i] is not None else type(entry).forward.__get__(entry)
-                entry.forward = self.entry_forward(inner, first=i == 0, last=i == len(entries) - 1)
+            entries.install()
             for name, module in diffusion_model.named_modules():
                 if name.rsplit(".", 1)[-1] == "self_attn":
                     hooks.append(module.register_forward_pre_hook(self.enter_self_attention))
@@ -120,11 +119,7 @@ class SequenceParallel:
             self.in_self_attention = False
             for hook in hooks:
                 hook.remove()
-            for entry, own in zip(entries, saved):
-                if own is None:
-                    vars(entry).pop("forward", None)
-                else:
-                    entry.forward = own
+            entries.remove()
 
     def enter_self_attention(self, _module, _args):
         self.in_self_attention = True
@@ -132,7 +127,9 @@ class SequenceParallel:
     def leave_self_attention(self, _module, _args, _output):
         self.in_self_attention = False
 
-    def entry_forward(self, inner, *, first: bool, last: bool):
+    def entry_forward(self, i: int, total: int, inner):
+        first, last = i == 0, i == total - 1
+
         def forward(x, *args, **kwargs):
             if first:
                 self.tokens = x.shape[1]
@@ -180,11 +177,3 @@ class SequenceParallel:
         out = self.timed(all_to_all, out.reshape(b, n, local, d), 1, 2)
         return out.reshape(b, s, heads * d)
 
-
-def context_sizes(diffusion_model) -> list:
-    """The evaluations each cache-dit context on the model is sized with, read from cache-dit's own state."""
-    manager = getattr(diffusion_model, "_context_manager", None)
-    if manager is None:
-        return []
-    return [manager.get_context(name).cache_config.num_inference_steps
-            for name in getattr(diffusion_model, "_context_names", ())]

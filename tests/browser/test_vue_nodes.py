@@ -68,5 +68,5 @@ def test_a_run_shows_its_split_and_the_cache_summary_on_the_vue_nodes(page, serv
     assert sampler["text"].startswith("14 high / 6 low steps (uni_pc/simple)") and "% saved" in sampler["text"]
     cache = shown(page, "Wan22CacheDiT")
     assert cache["inNode"] and cache["shown"]
-    assert "last run: high DBCache_F1B0_W4I1M0MC3_R0.24_N14_CFG0" in cache["text"]  # the CFG passes really run
+    assert "last run: high DBCache_F1B0_W4I1M0MC3_R0.24_CFG0" in cache["text"]  # the CFG passes really run
     assert status_of(page, "Wan22Schedule").startswith("will run: 14 high / 6 low")

@@ -1,14 +1,11 @@
-"""The cache plan, and how many transformer evaluations each expert's context is sized with (no ComfyUI;
-the counts are checked against ComfyUI's own samplers in tests/in_comfyui/test_cache_nodes.py)."""
+"""The cache plan, cache-dit's configs made from it, and what one stage's cache did (no ComfyUI)."""
 
 import pytest
 
+from wan22_cachedit.nodes import cache_dit_backend as backend
 from wan22_cachedit.nodes.core import cache as C
 from wan22_cachedit.nodes.core.errors import Wan22InputError
 from wan22_cachedit.nodes.core.report import RunRecord, StepRecord
-
-HIGH_STAGE = (1.0, 0.98, 0.95, 0.91, 0.88)  # 4 steps ending at the switch
-LOW_STAGE = (0.88, 0.6, 0.3, 0.0)  # 3 steps ending at sigma 0
 
 
 def test_the_plan_carries_the_wan22_defaults_the_node_and_workflows_read():
@@ -17,22 +14,23 @@ def test_the_plan_carries_the_wan22_defaults_the_node_and_workflows_read():
         "max_continuous_cached_steps": 3, "high_warmup_steps": 4, "high_max_cached_steps": -1,
         "low_warmup_steps": 2, "low_max_cached_steps": 20, "calibrator": "none"}
     # no CFG part: each stage reads it from how ComfyUI batches the prompts when it runs
-    assert C.CachePlan().summary() == ("high DBCache_F1B0_W4I1M0MC3_R0.05, "
-                                       "low DBCache_F1B0_W2I1M20MC3_R0.05")
+    assert backend.describe_plan(C.CachePlan()) == ("high DBCache_F1B0_W4I1M0MC3_R0.05, "
+                                                     "low DBCache_F1B0_W2I1M20MC3_R0.05")
 
 
-def test_a_context_config_carries_the_stages_evaluations_and_the_cond_first_pairing():
-    config = C.CachePlan().db_cache_config("low", 23, separate_cfg=True)
-    assert config.num_inference_steps == 23 and config.enable_separate_cfg and not config.cfg_compute_first
-    assert config.strify() == "DBCache_F1B0_W2I1M20MC3_R0.05_N23_CFG1"
-    assert not C.CachePlan().db_cache_config("high", 2, separate_cfg=False).enable_separate_cfg
+def test_a_context_config_leaves_the_step_count_unset_and_pairs_cond_first():
+    config = backend.config(C.CachePlan(), "low", separate_cfg=True)
+    # a context lives exactly one stage: cache-dit's step count (when to restart a reused context) stays unset
+    assert config.num_inference_steps is None and config.enable_separate_cfg and not config.cfg_compute_first
+    assert backend.describe(C.CachePlan(), "low", True) == "DBCache_F1B0_W2I1M20MC3_R0.05_CFG1"
+    assert not backend.config(C.CachePlan(), "high", separate_cfg=False).enable_separate_cfg
 
 
 def test_taylorseer_is_cache_dits_own_calibrator():
     from cache_dit import TaylorSeerCalibratorConfig
 
-    assert C.CachePlan().calibrator_config() is None
-    calibrator = C.CachePlan(calibrator="taylorseer").calibrator_config()
+    assert backend.calibrator(C.CachePlan()) is None
+    calibrator = backend.calibrator(C.CachePlan(calibrator="taylorseer"))
     assert isinstance(calibrator, TaylorSeerCalibratorConfig) and calibrator.taylorseer_order == 1
 
 
@@ -52,32 +50,10 @@ def test_a_plan_the_experts_cannot_take_is_refused_naming_the_input(plan, input_
     assert e.value.input_name == input_name
 
 
-@pytest.mark.parametrize("sampler,high,low", [
-    ("euler", [1, 1, 1, 1], [1, 1, 1]),
-    ("uni_pc", [1, 1, 1, 1], [1, 1, 1]),
-    ("heun", [2, 2, 2, 2], [2, 2, 1]),  # one evaluation on the last step, which ends at sigma 0
-    ("dpmpp_2s_ancestral", [2, 2, 2, 2], [2, 2, 1]),
-    ("seeds_3", [3, 3, 3, 3], [3, 3, 1]),
-    ("heunpp2", [3, 3, 2, 1], [3, 2, 1]),  # looks two sigmas ahead within its stage
-    ("sa_solver_pece", [1, 2, 2, 2], [1, 2, 2]),
-])
-def test_evaluations_per_step_follow_each_samplers_own_rule(sampler, high, low):
-    assert C.evaluations_per_step(sampler, HIGH_STAGE) == high
-    assert C.evaluations_per_step(sampler, LOW_STAGE) == low
-
-
-@pytest.mark.parametrize("sampler,fragment", [("dpm_adaptive", "chooses its step sizes"),
-                                              ("my_custom_sampler", "does not know how many")])
-def test_a_sampler_whose_calls_cannot_be_known_is_refused_with_the_cache_on(sampler, fragment):
-    with pytest.raises(Wan22InputError) as e:
-        C.evaluations_per_step(sampler, HIGH_STAGE)
-    assert e.value.input_name == "sampler" and fragment in str(e.value) and "turn Cache-DiT off" in str(e.value)
-
-
 def test_what_the_cache_can_skip_is_said_plainly_for_few_steps():
     plan = C.CachePlan()
     assert C.skippable_steps(plan, "high", 2) == 0 and C.skippable_steps(plan, "low", 2) == 0
-    assert ("run without the cache: it could skip none of the high-noise expert's 2 steps, as its first 4 are "
+    assert ("cached nothing: it could skip none of the high-noise expert's 2 steps, as its first 4 are "
             "warm-up") in C.skip_note(plan, "high", 2)
     capped = C.CachePlan(low=C.ExpertCacheSettings(warmup_steps=0, max_cached_steps=0))
     assert "low_max_cached_steps is 0" in C.skip_note(capped, "low", 20)

@@ -1,26 +1,17 @@
 """What cache-dit leaves on a module, read straight from cache-dit's own attributes: how tests see that each
-stage's context had its size and that nothing of it survived the stage."""
+stage had a context of its own and that nothing of it survived the stage."""
 
 # What cache-dit sets on a module it caches; none of it may be left after the stage.
 CACHE_DIT_ATTRIBUTES = ("_original_forward", "_context_manager", "_context_names", "_is_cached",
                         "_forward_pattern", "_has_separate_cfg", "_context_kwargs", "forward")
 
 
-def context_sizes(module) -> list[int | None]:
-    """The evaluation counts of the contexts cache-dit holds on a module, read from cache-dit itself."""
-    manager = getattr(module, "_context_manager", None)
-    if manager is None:
-        return []
-    return [manager.get_context(name).cache_config.num_inference_steps for name in module._context_names]
+def contexts(module) -> list[tuple[bool | None, int | None]]:
+    """(separate CFG, cache-dit's step count) of each context cache-dit holds on a module, as the pack's one
+    reader of cache-dit's registry sees them."""
+    from wan22_cachedit.nodes import cache_dit_backend
 
-
-def context_configs(module) -> list[tuple[int | None, bool | None]]:
-    """(evaluations, separate CFG) of each context cache-dit holds on a module, read from cache-dit itself."""
-    manager = getattr(module, "_context_manager", None)
-    if manager is None:
-        return []
-    configs = [manager.get_context(name).cache_config for name in module._context_names]
-    return [(c.num_inference_steps, c.enable_separate_cfg) for c in configs]
+    return [(c["separate_cfg"], c["steps"]) for c in cache_dit_backend.contexts(module)]
 
 
 def leftovers(module) -> list[str]:

@@ -1,13 +1,15 @@
 """Wan2.2 Cache-DiT (MODEL) in the official template's graph of ComfyUI's own samplers: each KSamplerAdvanced's
-sample call gets a context sized with its own evaluations (read from cache-dit while it runs), the node off is
+sample call gets a context of its own (read from cache-dit while it runs), the node off is
 the template bit for bit, nothing stays on the models, and it gives what our sampler gives with the same plan."""
+
+import logging
 
 import pytest
 import torch
 
 from wan22_cachedit.nodes.core.cache import CachePlan
 
-from .cache_state import context_sizes, leftovers
+from .cache_state import contexts, leftovers
 from .prompts import (FINAL, expert_files, latent_of, loader, native_prompt, our_prompt, report_of, run_ok,
                       text_folder, with_model_caches)
 
@@ -31,23 +33,27 @@ def template(tiny, switch, **run):
     (10, [10, 10]),  # the split the template types: steps 0-10 and 10-20
     (9, [9, 11]),  # the split the boundary 0.875 gives on these sigmas (our schedule's)
 ])
-def test_each_ksampleradvanced_gets_a_context_sized_with_its_own_evaluations(comfyui, tiny_models, progress_hook,
-                                                                              switch, expected):
+def test_each_ksampleradvanced_gets_a_context_of_its_own(comfyui, tiny_models, progress_hook, caplog, switch,
+                                                         expected):
+    caplog.set_level(logging.INFO)
     executor = comfyui.new_executor()
     seen = set()
 
     def contexts_now(value, total, node):
         models = unet_models(comfyui, executor)
-        seen.add(tuple((role, tuple(context_sizes(models[role])) if role in models else ())
+        seen.add(tuple((role, tuple(contexts(models[role])) if role in models else ())
                        for role in ("high", "low")))
 
     progress_hook[:] = [contexts_now]
     run_ok(comfyui, with_model_caches(template(tiny_models, switch), high={}, low={}), executor)
-    # each sampler's call held one context of its own size on its expert, and nothing else was cached
-    assert {(("high", (expected[0],)), ("low", ())), (("high", ()), ("low", (expected[1],)))} <= seen
-    assert seen <= {(("high", (expected[0],)), ("low", ())), (("high", ()), ("low", (expected[1],))),
-                    (("high", ()), ("low", ()))}
+    # each sampler's call held one context (batched CFG) on its expert, and nothing else was cached
+    one = ((False, None),)
+    assert {(("high", one), ("low", ())), (("high", ()), ("low", one))} <= seen
+    assert seen <= {(("high", one), ("low", ())), (("high", ()), ("low", one)), (("high", ()), ("low", ()))}
     assert all(leftovers(m) == [] for m in unet_models(comfyui, executor).values())
+    # and counted its own evaluations (the node's line in the log, as on the canvas)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Wan2.2 Cache-DiT (MODEL) 6")]
+    assert [line.split(" of ")[1].split(" ")[0] for line in lines] == [str(n) for n in expected], lines
 
 
 def test_the_boundary_split_is_the_one_our_schedule_counts(comfyui, tiny_models):

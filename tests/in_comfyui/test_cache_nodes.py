@@ -1,5 +1,5 @@
-"""Cache-DiT on ComfyUI's own Wan model, through the real ComfyUI (in-process): a context per expert sized
-with that expert's evaluations in each run (read from cache-dit itself while the run goes), nothing left on
+"""Cache-DiT on ComfyUI's own Wan model, through the real ComfyUI (in-process): a context of its own for each
+expert's stage of each run (read from cache-dit itself while the run goes), with any sampler, nothing left on
 the shared model afterwards, the cache off is ComfyUI's own graph, and what it cannot do right is refused."""
 
 import json
@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
+from wan22_cachedit.nodes import cache_dit_backend
 from wan22_cachedit.nodes.core import cache as C
 
-from .cache_state import context_configs, context_sizes, leftovers
+from .cache_state import contexts, leftovers
 
 from .prompts import (CACHING, FINAL, RANDOM_WEIGHTS_THRESHOLD, bridged, diffusion_models, expert_files,
                       failed_at_run, latent_of, loader, native_prompt, our_prompt, report_of, run_ok, text_folder,
@@ -27,8 +28,8 @@ def cached_prompt(tiny, cache=None, **run):
     [("uni_pc", 40, 5.0, [18, 22]), ("uni_pc", 40, 12.0, [26, 14])],  # uni_pc's own sigmas: see test_nodes
     [("heun", 10, 8.0, [12, 7])],  # two evaluations per step, one on the last step to sigma 0
 ])
-def test_each_context_holds_its_experts_evaluations_of_this_run_read_from_cache_dit(comfyui, tiny_models,
-                                                                                    progress_hook, runs):
+def test_each_stage_has_a_context_of_its_own_and_counts_its_experts_evaluations(comfyui, tiny_models, progress_hook,
+                                                                                runs):
     executor = comfyui.new_executor()
     for sampler, steps, shift, expected in runs:
         seen = set()
@@ -36,36 +37,75 @@ def test_each_context_holds_its_experts_evaluations_of_this_run_read_from_cache_
         def contexts_now(value, total, node):
             models = diffusion_models(comfyui, executor=executor)
             if models:  # the loader's own progress comes before its experts exist
-                seen.add(tuple((role, tuple(context_sizes(m))) for role, m in models.items()))
+                seen.add(tuple((role, tuple(contexts(m))) for role, m in models.items()))
 
         progress_hook[:] = [contexts_now]
         result = run_ok(comfyui, cached_prompt(tiny_models, sampler=sampler, steps=steps, flow_shift=shift, **SMALL),
                         executor)
-        # while each stage ran, its expert (and only it) held one context of its own size
-        assert seen == {(("high", (expected[0],)), ("low", ())), (("high", ()), ("low", (expected[1],)))}
+        # while each stage ran, its expert (and only it) held one context (batched CFG, cache-dit's step count
+        # unset: test_a_context_sized_with_the_counted_evaluations_gives_the_same_run_bit_for_bit)
+        one = ((False, None),)
+        assert seen == {(("high", one), ("low", ())), (("high", ()), ("low", one))}
         report = report_of(result)
         for role, n in zip(("high", "low"), expected):
             assert report["cache"][role]["evaluations"] == n
-            assert report["cache"][role]["config"].endswith(f"_N{n}_CFG0")  # cond + uncond batched: one call each
-        assert all(context_sizes(m) == [] for m in diffusion_models(comfyui, executor=executor).values())
+            assert report["cache"][role]["config"].endswith("_CFG0")  # cond + uncond batched: one call each
+        assert all(contexts(m) == [] for m in diffusion_models(comfyui, executor=executor).values())
 
 
-def test_every_comfyui_sampler_makes_the_evaluations_its_context_is_sized_with(comfyui, tiny_models):
-    """The table of evaluations per step against ComfyUI itself, sampler by sampler (CFG 1: one call each)."""
+EVERY_SAMPLER = "every ComfyUI sampler (slow: make test-slow)"
+
+
+def comfyui_samplers():
     import comfy.samplers
 
-    schedule_module = comfyui.pack("nodes.sigmas")
-    for sampler in comfy.samplers.KSampler.SAMPLERS:
-        if sampler in C.ADAPTIVE:
-            continue
-        result = run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models),
-                                            sampler=sampler, steps=7, flow_shift=8.0, cfg=(1.0, 1.0), **SMALL))
-        report = report_of(result)
-        schedule = schedule_module.build_schedule(has_high=True, has_low=True, model_default=0.875, sampler=sampler,
-                                                  scheduler="simple", steps=7, flow_shift=8.0)
-        predicted = {role: sum(C.evaluations_per_step(sampler, schedule.stage_sigmas(role)))
-                     for role in ("high", "low")}
-        assert report["transformer_calls"] == predicted, sampler
+    return comfy.samplers.KSampler.SAMPLERS
+
+
+@pytest.mark.parametrize("samplers, separate", [
+    (("euler", "heun", "uni_pc"), False),  # one, two and one evaluation per step (heun one on its last)
+    (("euler", "dpmpp_sde"), True),  # ComfyUI's calls per prompt, cache-dit's separate CFG
+    pytest.param(EVERY_SAMPLER, False, marks=pytest.mark.slow),
+    pytest.param(EVERY_SAMPLER, True, marks=pytest.mark.slow),
+])
+def test_a_context_sized_with_the_counted_evaluations_gives_the_same_run_bit_for_bit(comfyui, tiny_models,
+                                                                                     monkeypatch, samplers, separate):
+    """Why the cache needs no table of ComfyUI's samplers: cache-dit's step count (num_inference_steps) only
+    decides when a context it reuses starts again, and each stage's context is new. A run with every context
+    sized with the evaluations the stage then made gives the same latent, cached steps and residual
+    differences bit for bit as the run with the count unset (at a threshold that caches)."""
+    import comfy.model_patcher
+
+    backend = comfyui.pack("nodes.cache_dit_backend")
+    unset_config = backend.config
+    if separate:  # ComfyUI runs the prompts one call each when memory is short
+        monkeypatch.setattr(comfy.model_patcher.ModelPatcher, "get_free_memory", lambda self, device: 1024)
+    differ, applied = [], []
+    for sampler in comfyui_samplers() if samplers == EVERY_SAMPLER else samplers:
+        prompt = cached_prompt(tiny_models, cache=dict(CACHING), sampler=sampler, steps=9, flow_shift=8.0, seed=3,
+                               cfg=(3.5, 3.0), **SMALL)
+        runs = []
+        for sized in (None, "counted"):
+            if sized:
+                counted = {role: runs[0][1][role]["evaluations"] for role in ("high", "low")}
+
+                def sized_config(plan, role, separate_cfg):
+                    config = unset_config(plan, role, separate_cfg)
+                    config.num_inference_steps = counted[role]
+                    applied.append(sampler)
+                    return config
+                monkeypatch.setattr(backend, "config", sized_config)
+            executor = comfyui.new_executor()
+            cache = report_of(run_ok(comfyui, prompt, executor))["cache"]
+            runs.append((latent_of(comfyui, FINAL["ours"], executor).clone(), cache))
+            monkeypatch.setattr(backend, "config", unset_config)
+        seen = {role: [(run[1][role]["cached_steps"], run[1][role]["cfg_cached_steps"],
+                        run[1][role]["residual_diffs"], run[1][role]["cfg_batching"]) for run in runs]
+                for role in ("high", "low")}
+        assert runs[0][1]["high"]["cfg_batching"] == ("separate" if separate else "batched"), sampler
+        if not (torch.equal(runs[0][0], runs[1][0]) and all(a == b for a, b in seen.values())):
+            differ.append(sampler)
+    assert differ == [] and set(applied) == set(comfyui_samplers() if samplers == EVERY_SAMPLER else samplers)
 
 
 def test_cached_seeds_a_b_a_give_bit_identical_a_results(comfyui, tiny_models):
@@ -127,7 +167,7 @@ def test_with_a_permissive_threshold_both_experts_cache_and_the_result_changes(c
     assert "cache high:" in result.outputs["5"]["text"][0] and "% saved" in result.outputs["5"]["text"][0]
 
 
-def test_the_report_shows_per_expert_what_cache_dit_did_and_what_it_was_sized_with(comfyui, tiny_models):
+def test_the_report_shows_per_expert_what_cache_dit_did_and_with_what_settings(comfyui, tiny_models):
     result = run_ok(comfyui, cached_prompt(tiny_models, sampler="euler", steps=20, flow_shift=12.0))
     report = report_of(result)
     assert report["cache"]["plan"].startswith("high DBCache_F1B0_W4I1M0MC3_R0.24")
@@ -137,7 +177,7 @@ def test_the_report_shows_per_expert_what_cache_dit_did_and_what_it_was_sized_wi
         # cond and uncond batched in one call, as ComfyUI runs them when memory allows: one step per call
         assert stats["cfg_batching"] == "batched" and stats["pass_order"] == ["negative", "positive"]  # as batched
         plan = C.CachePlan(residual_diff_threshold=RANDOM_WEIGHTS_THRESHOLD)
-        assert stats["config"] == plan.db_cache_config(role, n, False).strify()
+        assert stats["config"] == cache_dit_backend.describe(plan, role, False)
         assert stats["evaluations"] == n and stats["block_forwards_without_cache"] == n * 4  # 4 blocks per call
         assert set(stats["residual_diffs"]) and stats["threshold"] == 0.24
     assert result.outputs["20"]["text"][0].startswith("high DBCache_F1B0_W4")
@@ -147,16 +187,21 @@ def test_the_report_shows_per_expert_what_cache_dit_did_and_what_it_was_sized_wi
                                                      f"+ negative in one call); low {report['cache']['low']['config']} "
                                                      "(positive + negative in one call)")
     node_text = result.outputs["5"]["text"][0]
-    assert "(context sized 13)" in node_text and "(context sized 7)" in node_text
+    assert "of 13 steps cached" in node_text and "of 7 steps cached" in node_text
 
 
-def test_at_four_steps_the_report_says_the_cache_can_skip_nothing(comfyui, tiny_models):
-    result = run_ok(comfyui, cached_prompt(tiny_models, sampler="euler", steps=4, flow_shift=5.0, cfg=(1.0, 1.0)))
+def test_at_four_steps_the_report_says_the_cache_can_skip_nothing_and_the_run_is_the_uncached_one(comfyui,
+                                                                                                   tiny_models):
+    run = dict(sampler="euler", steps=4, flow_shift=5.0, cfg=(1.0, 1.0))
+    result = run_ok(comfyui, cached_prompt(tiny_models, **run))
+    cached = latent_of(comfyui, FINAL["ours"])
     report = report_of(result)
     for role in ("high", "low"):
         assert report["cache"][role]["skippable_steps"] == 0 and report["cache"][role]["cached_steps"] == []
-        assert report["cache"][role]["cached"] is False  # ran without cache-dit at all
+        assert report["cache"][role]["cached"] is True  # cache-dit ran, every step in its warm-up
     assert "it could skip none of the high-noise expert's 2 steps" in result.outputs["5"]["text"][0]
+    run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), **run))
+    assert torch.equal(cached, latent_of(comfyui, FINAL["ours"]))
 
 
 def test_taylorseer_forecasts_cached_steps_and_stays_repeatable(comfyui, tiny_models):
@@ -171,11 +216,11 @@ def test_taylorseer_forecasts_cached_steps_and_stays_repeatable(comfyui, tiny_mo
     assert torch.equal(*latents["taylorseer"]) and not torch.equal(latents["none"][0], latents["taylorseer"][0])
 
 
-def test_split_cfg_batches_keep_the_contexts_sized_and_the_runs_repeatable(comfyui, tiny_models, monkeypatch,
-                                                                         progress_hook):
+def test_split_cfg_batches_get_separate_cfg_contexts_and_the_runs_repeatable(comfyui, tiny_models, monkeypatch,
+                                                                             progress_hook):
     """ComfyUI calls cond and uncond separately when memory is short (the free-memory estimate it batches by
     is patched here): the cache sees it at the stage's first call and pairs them with cache-dit's separate CFG,
-    read from cache-dit's own context while the run goes, in contexts of the same size."""
+    read from cache-dit's own context while the run goes, over the same evaluations."""
     import comfy.model_patcher
 
     prompt = our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), steps=10, seed=7, cfg=(4.0, 3.0))
@@ -191,7 +236,7 @@ def test_split_cfg_batches_keep_the_contexts_sized_and_the_runs_repeatable(comfy
 
         def contexts_now(value, total, node):
             for role, model in diffusion_models(comfyui, executor=executor).items():
-                seen.update((role, config) for config in context_configs(model))
+                seen.update((role, config) for config in contexts(model))
 
         progress_hook[:] = [contexts_now]
         report = report_of(run_ok(comfyui, cached_prompt(tiny_models, steps=10, seed=seed), executor))
@@ -200,8 +245,8 @@ def test_split_cfg_batches_keep_the_contexts_sized_and_the_runs_repeatable(comfy
             stats = report["cache"][role]
             assert stats["cfg_batching"] == "separate" and stats["config"].endswith("_CFG1")
             assert stats["pass_order"] == ["negative", "positive"]  # ComfyUI's own order, as it called them
-            assert stats["evaluations"] == batched_cache[role]["evaluations"]  # the same context size
-            assert (role, (stats["evaluations"], True)) in seen  # cache-dit's own context: separate CFG
+            assert stats["evaluations"] == batched_cache[role]["evaluations"]  # the same evaluations
+            assert (role, (True, None)) in seen  # cache-dit's own context: separate CFG
             assert stats["cfg_cached_steps"] == stats["cached_steps"] != []  # both passes cached, in pairs
     assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
 
@@ -249,7 +294,7 @@ def test_an_interrupted_cached_run_leaves_no_trace_and_the_same_prompt_then_equa
     assert any(event == "execution_interrupted" for event, _ in interrupted.messages)
     progress_hook.clear()
     for model in diffusion_models(comfyui, executor=executor).values():
-        assert leftovers(model) == [] and context_sizes(model) == []
+        assert leftovers(model) == [] and contexts(model) == []
     run_ok(comfyui, prompt, executor)
     again = latent_of(comfyui, FINAL["ours"], executor)
     fresh = comfyui.new_executor()
@@ -283,9 +328,14 @@ def test_a_block_patch_on_extra_evaluations_is_refused_by_name_with_the_cache_on
     assert torch.equal(ours, latent_of(comfyui, FINAL["native"]))
 
 
-def test_an_adaptive_sampler_is_refused_with_the_cache_on(comfyui, tiny_models):
-    message = failed_at_run(comfyui, cached_prompt(tiny_models, sampler="dpm_adaptive", steps=6))
-    assert message.startswith("sampler: dpm_adaptive chooses its step sizes") and "turn Cache-DiT off" in message
+def test_an_adaptive_sampler_runs_cached_and_its_report_counts_the_evaluations_it_chose(comfyui, tiny_models):
+    """dpm_adaptive picks its step sizes as it goes: the cache needs no count of them before the run."""
+    result = run_ok(comfyui, cached_prompt(tiny_models, cache=dict(CACHING), sampler="dpm_adaptive", steps=6,
+                                           **SMALL))
+    report = report_of(result)
+    for role in ("high", "low"):
+        assert report["cache"][role]["cached"] is True
+        assert report["cache"][role]["evaluations"] == report["transformer_calls"][role] > 0
 
 
 def test_the_cache_node_returns_a_new_handle_and_leaves_the_loaders_alone(comfyui, tiny_models):

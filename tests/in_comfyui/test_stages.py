@@ -4,6 +4,8 @@ with ComfyUI's own nodes."""
 
 import torch
 
+from wan22_cachedit.nodes import cache_dit_backend
+
 from .cache_state import leftovers
 from .prompts import (FINAL, diffusion_models, latent_of, native_three_ksamplers, report_of, run_ok,
                       three_stage_prompt)
@@ -73,8 +75,7 @@ CACHED = {"residual_diff_threshold": 0.8, "high_warmup_steps": 1, "low_warmup_st
 CACHED_RUN = dict(steps=16, lead_steps=48, start_step=2, **SMALL)
 
 
-def test_three_stages_with_the_cache_get_three_contexts_each_sized_to_its_stage_and_fresh(comfyui, tiny_models,
-                                                                                         progress_hook):
+def test_three_stages_with_the_cache_get_three_contexts_each_fresh(comfyui, tiny_models, progress_hook):
     """The high-noise expert runs two stages (with and without the LoRA): each gets a context of its own,
     whose step count starts again at 1; A-B-A holds."""
     executor = comfyui.new_executor()
@@ -83,11 +84,10 @@ def test_three_stages_with_the_cache_get_three_contexts_each_sized_to_its_stage_
     def contexts_now(value, total, node):
         models = diffusion_models(comfyui, executor=executor)
         for role, module in models.items():
-            manager = getattr(module, "_context_manager", None)
-            if manager is not None:
-                (name,) = module._context_names
-                context = manager.get_context(name)
-                seen.append((role, context.cache_config.num_inference_steps, context.accumulated_executed_steps))
+            held = cache_dit_backend.contexts(module)
+            if held:
+                (context,) = held
+                seen.append((role, context["executed"]))
 
     progress_hook[:] = [contexts_now]
     result = run_ok(comfyui, three_stage_prompt(tiny_models, cache=CACHED, seed=1, **CACHED_RUN), executor)
@@ -95,9 +95,9 @@ def test_three_stages_with_the_cache_get_three_contexts_each_sized_to_its_stage_
     report = report_of(result)
     split = report["split"]
     assert all(split[stage] > 1 for stage in ("lead", "high", "low"))
-    expected = [("high", split["lead"], i) for i in range(1, split["lead"] + 1)]
-    expected += [("high", split["high"], i) for i in range(1, split["high"] + 1)]
-    expected += [("low", split["low"], i) for i in range(1, split["low"] + 1)]
+    expected = [("high", i) for i in range(1, split["lead"] + 1)]  # each stage's context counts from 1 again
+    expected += [("high", i) for i in range(1, split["high"] + 1)]
+    expected += [("low", i) for i in range(1, split["low"] + 1)]
     assert seen == expected
     for stage in ("lead", "high", "low"):
         assert report["cache"][stage]["evaluations"] == split[stage] and report["cache"][stage]["cached"] is True
@@ -110,9 +110,9 @@ def test_three_stages_with_the_cache_get_three_contexts_each_sized_to_its_stage_
     assert torch.equal(a, latent_of(comfyui, FINAL["ours"], executor)) and not torch.equal(a, b)
 
 
-def test_a_lead_stage_left_with_nothing_to_cache_runs_uncached_and_says_why(comfyui, tiny_models):
+def test_a_lead_stage_left_with_nothing_to_cache_caches_nothing_and_says_why(comfyui, tiny_models):
     result = run_ok(comfyui, three_stage_prompt(tiny_models, cache={}, seed=1, **SMALL))
     lead = report_of(result)["cache"]["lead"]
-    assert lead["cached"] is False and lead["evaluations"] == 3 and lead["cached_steps"] == []
-    assert lead["note"].startswith("run without the cache") and "high_warmup_steps" in lead["note"]
+    assert lead["cached"] is True and lead["evaluations"] == 3 and lead["cached_steps"] == []
+    assert lead["note"].startswith("cached nothing") and "high_warmup_steps" in lead["note"]
     assert "cache lead:" in result.outputs["5"]["text"][0]

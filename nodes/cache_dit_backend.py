@@ -1,0 +1,170 @@
+"""The one module that talks to cache-dit: DBCache installed on ComfyUI's Wan diffusion model for one stage,
+refreshed, removed, and asked what it did and what it holds.
+
+StageCache (stage_cache.py) observes a stage and decides when each of these runs; it never touches cache-dit
+itself. Another cache method is another module with these functions (a test drives StageCache with a double):
+
+- `describe(plan, role)`: the method's name for one expert's settings, as the canvas shows it;
+- `is_cached(diffusion_model)`: whether a cache of this method runs the model now;
+- `install(diffusion_model, plan, role, separate_cfg)` and `refresh(...)` (the same with a fresh context);
+- `remove(diffusion_model)`: the model afterwards is bit-identical to one never cached;
+- `outcome(diffusion_model)`: what it did, `held(diffusion_model)`: the tensors it holds;
+- `contexts(diffusion_model)`: the configs of the contexts it holds on the model (tests and workers read them).
+
+Each stage gets a context of its own, built when the stage's sampling starts and dropped when it ends, so
+cache-dit's step count (`num_inference_steps`, which only decides when a context it reuses restarts) stays
+unset: a context sized with the stage's evaluations gave the same latents and the same cached steps bit for bit,
+for every ComfyUI sampler, batched and separate CFG (measured on ComfyUI 0.30.0 with cache-dit 1.5.3).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .core.cache import CachePlan
+from .core.logs import at_level
+
+
+def quiet():
+    """cache-dit logs every enable/disable to its own console handler; the pack's report says it all."""
+    import cache_dit.logger
+
+    handler = getattr(cache_dit.logger, "_default_handler", None) or logging.NullHandler()
+    return at_level(handler, logging.ERROR)
+
+
+def config(plan: CachePlan, role: str, separate_cfg: bool | None):
+    """cache-dit's config for one expert's context. With separate CFG, each evaluation is a pair of transformer
+    calls, each prompt with a residual stream of its own; without, one call per evaluation (CFG 1, or both
+    prompts batched in it). None leaves it open (the plan before a run decides it)."""
+    from cache_dit import DBCacheConfig
+
+    s = plan.settings(role)
+    # A full config every time: a `.reset()` config cannot be a base config.
+    return DBCacheConfig(Fn_compute_blocks=plan.first_compute_blocks, Bn_compute_blocks=plan.last_compute_blocks,
+                         residual_diff_threshold=plan.threshold(role), max_warmup_steps=s.warmup_steps,
+                         warmup_interval=1, max_cached_steps=s.max_cached_steps,
+                         max_continuous_cached_steps=plan.max_continuous_cached_steps,
+                         enable_separate_cfg=separate_cfg, cfg_compute_first=False)
+
+
+def calibrator(plan: CachePlan):
+    if plan.calibrator == "none":
+        return None
+    from cache_dit import TaylorSeerCalibratorConfig
+
+    return TaylorSeerCalibratorConfig(taylorseer_order=1)
+
+
+def describe(plan: CachePlan, role: str, separate_cfg: bool | None = None) -> str:
+    """cache-dit's name for one expert's settings; with `separate_cfg` None, without the CFG part that each
+    stage decides when it runs (how ComfyUI batches the prompts; the sampler's report shows it)."""
+    return config(plan, role, separate_cfg).strify() + ("_T1" if plan.calibrator == "taylorseer" else "")
+
+
+def describe_plan(plan: CachePlan) -> str:
+    budget = "" if plan.error_budget is None else f" (error budget {plan.error_budget:g})"
+    return f"high {describe(plan, 'high')}, low {describe(plan, 'low')}{budget}"
+
+
+def is_cached(diffusion_model) -> bool:
+    from cache_dit.caching.block_adapters import BlockAdapter
+
+    return BlockAdapter.is_cached(diffusion_model)
+
+
+def install(diffusion_model, plan: CachePlan, role: str, separate_cfg: bool) -> None:
+    import cache_dit
+    from cache_dit import BlockAdapter, ForwardPattern
+
+    with quiet():
+        # Pattern_3: ComfyUI's Wan blocks take x and return x (context, e, freqs as keyword arguments).
+        adapter = BlockAdapter(transformer=diffusion_model, blocks=diffusion_model.blocks,
+                               forward_pattern=ForwardPattern.Pattern_3, check_forward_pattern=False)
+        cache_dit.enable_cache(adapter, cache_config=config(plan, role, separate_cfg),
+                               calibrator_config=calibrator(plan))
+
+
+def refresh(diffusion_model, plan: CachePlan, role: str, separate_cfg: bool) -> None:
+    """A new context of the given settings in place of the installed one. The blocks read their context by name
+    on every call, so a refresh before a call's blocks run applies to that call."""
+    import cache_dit
+
+    with quiet():
+        cache_dit.refresh_context(diffusion_model, cache_config=config(plan, role, separate_cfg),
+                                  calibrator_config=calibrator(plan))
+
+
+def remove(diffusion_model) -> None:
+    """Unhooks the model completely: its output is then bit-identical to a model never cached."""
+    import cache_dit
+
+    if is_cached(diffusion_model):
+        with quiet():
+            cache_dit.disable_cache(diffusion_model)
+    # disable_cache leaves `forward` as an instance attribute bound to the class's own forward: drop it, so
+    # the shared model is exactly as ComfyUI built it.
+    forward = vars(diffusion_model).get("forward")
+    if forward is not None and getattr(forward, "__func__", None) is type(diffusion_model).forward:
+        del diffusion_model.forward
+
+
+def _contexts(diffusion_model) -> list:
+    """cache-dit's contexts on the model, read from its private registry (the only place that reads it)."""
+    manager = getattr(diffusion_model, "_context_manager", None)
+    if manager is None:
+        return []
+    return [manager.get_context(name) for name in getattr(diffusion_model, "_context_names", ())]
+
+
+def contexts(diffusion_model) -> list[dict]:
+    """Each context cache-dit holds on the model: {"separate_cfg", "steps", "executed"} (steps: cache-dit's
+    num_inference_steps, None when unset; executed: the evaluations it has run so far)."""
+    return [{"separate_cfg": c.cache_config.enable_separate_cfg, "steps": c.cache_config.num_inference_steps,
+             "executed": c.accumulated_executed_steps} for c in _contexts(diffusion_model)]
+
+
+def held(diffusion_model) -> dict:
+    """What cache-dit's contexts on the model hold: the bytes of every tensor in their buffers (the cached
+    residuals and hidden states) and calibrators (TaylorSeer's derivatives), each counted once, and the
+    devices they are on."""
+    import torch
+
+    found = {}  # id -> tensor: each counted once
+
+    def walk(value, depth=0):
+        if isinstance(value, torch.Tensor):
+            found[id(value)] = value
+            return
+        if depth > 12:
+            return
+        if hasattr(value, "__dict__") and type(value).__module__.startswith("cache_dit"):
+            value = vars(value)
+        if isinstance(value, dict):
+            value = value.values()
+        if isinstance(value, (list, tuple, type({}.values()))):
+            for item in value:
+                walk(item, depth + 1)
+    for context in _contexts(diffusion_model):
+        walk([context.buffers, context.calibrator, context.encoder_calibrator, context.cfg_calibrator,
+              context.cfg_encoder_calibrator])
+    tensors = found.values()
+    return {"bytes": sum(t.numel() * t.element_size() for t in tensors),
+            "devices": sorted({str(t.device) for t in tensors})}
+
+
+def outcome(diffusion_model) -> dict:
+    """cache-dit's own summary of the stage's context: the evaluations served from the cache (with separate
+    calls, cached_steps are those of the first pass of each evaluation and cfg_cached_steps those of the
+    second) and the residual differences it compared with the threshold."""
+    import cache_dit
+
+    summaries = [s for s in cache_dit.summary(diffusion_model, details=False, logging=False) if s.cache_options]
+    summary = summaries[0] if summaries else None
+    return {"cached_steps": sorted(int(s) for s in (summary.cached_steps if summary else [])),
+            "cfg_cached_steps": sorted(int(s) for s in (summary.cfg_cached_steps if summary else [])),
+            "residual_diffs": {str(k): round(float(v), 5)
+                               for k, v in (summary.residual_diffs if summary else {}).items()}}
+
+
+NOTHING = {"cached_steps": [], "cfg_cached_steps": [], "residual_diffs": {}}  # a stage that ran without the cache
