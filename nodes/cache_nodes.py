@@ -42,6 +42,14 @@ def block_inputs() -> list:
     ]
 
 
+def calibrator_input():
+    """Both Cache-DiT nodes' last input; optional, as the Cache-DiT node's workflows saved before it have none."""
+    return io.Combo.Input("calibrator", options=list(CALIBRATORS), default=DEFAULTS["calibrator"], optional=True,
+                          advanced=True, tooltip="none: a cached step reuses the last computed residual. taylorseer: "
+                                                 "cache-dit's TaylorSeer forecasts it from the last computed ones "
+                                                 "(first order; it holds about 2.5 times the cache's memory).")
+
+
 def expert_inputs(role: str) -> list:
     """The two inputs each expert has of its own: its warm-up and its cap on cached steps."""
     word = ROLE_WORDS[role]
@@ -78,10 +86,7 @@ class Wan22CacheDiT(io.ComfyNode):
                 *block_inputs(),
                 *expert_inputs("high"),
                 *expert_inputs("low"),
-                io.Combo.Input("calibrator", options=list(CALIBRATORS), default=DEFAULTS["calibrator"], optional=True,
-                               tooltip="none: a cached step reuses the last computed residual. taylorseer: "
-                                       "cache-dit's TaylorSeer forecasts it from the last computed ones "
-                                       "(first order)."),
+                calibrator_input(),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The experts with this cache plan.")],
             hidden=[io.Hidden.unique_id],
@@ -203,9 +208,7 @@ class Wan22CacheDiTModel(io.ComfyNode):
                              tooltip="At most this many cached evaluations per sample call; 0 never caches. At "
                                      "20-40 steps, -1 here and in max_continuous_cached_steps gives the most speed. "
                                      + NO_LIMIT),
-                io.Combo.Input("calibrator", options=list(CALIBRATORS), default=DEFAULTS["calibrator"],
-                               advanced=True, tooltip="none: a cached step reuses the last computed residual. "
-                                                      "taylorseer: forecasts it (first order)."),
+                calibrator_input(),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="The expert with the cache, for a KSampler.")],
             hidden=[io.Hidden.unique_id],

@@ -144,7 +144,7 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
                            "sampler_nodes.run, which hands it to the plan's workers")
     stages = plan_stages(experts, schedule, cfg)
     plan = experts.cache_plan
-    record = RunRecord(split=schedule.split, stages=tuple(stage.name for stage in stages))
+    record = RunRecord(stages=tuple(stage.name for stage in stages))
     compiled = {stage.name: kwargs["backend"] for stage in stages
                 if (kwargs := stage.model.model_options.get("torch_compile_kwargs"))}
     graphs = dynamo_graphs()

@@ -56,7 +56,7 @@ class Wan22ParallelPlan(io.ComfyNode):
     def execute(cls, experts, workers, devices, ulysses_degree, cpu_threads=0) -> io.NodeOutput:
         linked_given(experts=experts)
         plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
-                              heads=experts.architecture.dim // core.HEAD_WIDTH, cpu_threads=cpu_threads,
+                              heads=experts.architecture.heads, cpu_threads=cpu_threads,
                               gpus=gpus_here(), cpus=os.cpu_count() or 1,
                               cluster=bool(os.environ.get("RAY_ADDRESS")))
         from .parallel.pool import ray_module

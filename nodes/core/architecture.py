@@ -41,6 +41,11 @@ class ExpertArchitecture:
     def task(self) -> str:
         return TASKS[self.in_channels]
 
+    @property
+    def heads(self) -> int:
+        """Attention heads (A14B: 5120 wide, 40 heads)."""
+        return self.dim // HEAD_DIM
+
     def describe(self) -> str:
         return (f"{TASK_WORDS[self.task]}, width {self.dim}, {self.num_layers} layers, "
                 f"{self.in_channels} in-channels")

@@ -1,6 +1,6 @@
 """The parallel plan: one run on several workers, each expert's token sequence split across them (Ulysses
 sequence parallelism around self-attention). Pure: which devices, how the sequence divides, what the report
-says; the workers themselves are glue (nodes/parallel.py)."""
+says; the workers themselves are glue (nodes/parallel/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from .errors import Wan22InputError
 
-HEAD_WIDTH = 128  # Wan's attention heads are 128 wide: A14B's 5120 is 40 heads
 MAX_WORKERS = 64
 AUTO = "auto"
 DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")

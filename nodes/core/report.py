@@ -30,7 +30,6 @@ class RunRecord:
     """The raw material of the report and the timeline, per stage ("high", "low", and "lead" when the run has
     a lead stage) where it says so."""
 
-    split: tuple[int, int]
     stages: tuple[str, ...] = ROLES  # the stages of the run, in order
     steps: list[StepRecord] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)  # transformer calls
@@ -70,7 +69,7 @@ def build_report(experts: Wan22Experts, schedule: RunSchedule, record: RunRecord
         "flow_shift": schedule.flow_shift,
         "boundary_ratio": schedule.boundary.ratio,
         "boundary_source": schedule.boundary.source,
-        "split": {"high": record.split[0], "low": record.split[1]},
+        "split": {"high": schedule.split[0], "low": schedule.split[1]},
         "sigmas": [round(s, 6) for s in schedule.sigmas],
         "experts": dict(zip(ROLES, experts.sources)),
         "loras": {role: [n.describe() for n in experts.loras if n.role == role] for role in ROLES},

@@ -61,7 +61,7 @@ def test_what_the_cache_can_skip_is_said_plainly_for_few_steps():
 
 
 def test_cached_evaluations_are_mapped_back_to_the_run_steps_they_belong_to():
-    record = RunRecord(split=(2, 2), steps=[StepRecord(0, 1.0, "high", 2), StepRecord(1, 0.9, "high", 2),
-                                            StepRecord(2, 0.8, "low", 2), StepRecord(3, 0.5, "low", 1)])
+    record = RunRecord(steps=[StepRecord(0, 1.0, "high", 2), StepRecord(1, 0.9, "high", 2),
+                              StepRecord(2, 0.8, "low", 2), StepRecord(3, 0.5, "low", 1)])
     record.cache = {"high": {"cached_steps": [3]}, "low": {"cached_steps": [2]}}
     assert record.cached_flags() == [False, True, False, True]
