@@ -109,9 +109,9 @@ LEAD_DEFAULTS = {"lead_steps": 24, "start_step": 1, "cfg": 3.5}  # the three-sta
 def lead_schedule(schedule, experts, lead_steps: int, start_step: int, cfg: float):
     """The schedule with a lead stage on `experts`' high-noise expert: the one way it is made, for the node
     and for the canvas's live split."""
-    core.check_lead_inputs(schedule, steps=lead_steps, start_step=start_step, cfg=cfg)
-    lead_sigmas = sigmas.run_sigmas(schedule.sampler, schedule.scheduler, lead_steps, schedule.flow_shift)
-    return core.add_lead(schedule, lead_sigmas=lead_sigmas.tolist(), steps=lead_steps, start_step=start_step, cfg=cfg,
+    def lead_sigmas():
+        return sigmas.run_sigmas(schedule.sampler, schedule.scheduler, lead_steps, schedule.flow_shift).tolist()
+    return core.add_lead(schedule, lead_sigmas=lead_sigmas, steps=lead_steps, start_step=start_step, cfg=cfg,
                          source=experts.sources[0] if experts is not None else "MODEL",
                          model=experts.high if experts is not None else None,
                          architecture=experts.architecture if experts is not None else None)

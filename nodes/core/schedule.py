@@ -261,11 +261,17 @@ class RunSchedule:
                        f"{self.lead.cfg:g}; hand-off {self.lead.hand_off()}")
 
 
+def sigma_values(sigmas) -> tuple[float, ...]:
+    """Sigmas given as values, or as a function that computes them once the inputs they need are checked."""
+    return tuple(float(s) for s in (sigmas() if callable(sigmas) else sigmas))
+
+
 def add_lead(schedule: RunSchedule, *, lead_sigmas, steps: int, start_step: int, cfg: float, source: str = "MODEL",
              model=None, architecture=None) -> RunSchedule:
-    """The schedule with a lead stage in front: `lead_sigmas` are the lead's own schedule (`steps` + 1)."""
+    """The schedule with a lead stage in front: `lead_sigmas` are the lead's own schedule (`steps` + 1), or
+    the function that computes them from the checked inputs."""
     check_lead_inputs(schedule, steps=steps, start_step=start_step, cfg=cfg)
-    lead_sigmas = tuple(float(s) for s in lead_sigmas)
+    lead_sigmas = sigma_values(lead_sigmas)
     if len(lead_sigmas) < 2:
         raise ValueError(f"{len(lead_sigmas)} lead sigmas for {steps} steps")
     main_start = schedule.sigmas[int(start_step)]
@@ -296,10 +302,13 @@ def check_lead_inputs(schedule: RunSchedule | None, *, steps=None, start_step=No
 
 
 def build_schedule(*, sampler: str, scheduler: str, steps: int, flow_shift: float, sigmas, has_high: bool,
-                   has_low: bool, model_default: float, custom_ratio: float | None = None) -> RunSchedule:
-    """Resolves the boundary and counts the split from the run's own sigmas."""
-    check_schedule_inputs(steps=steps, flow_shift=flow_shift, boundary_ratio=custom_ratio)
-    sigmas = tuple(float(s) for s in sigmas)
+                   has_low: bool, model_default: float, custom_ratio: float | None = None,
+                   schedulers=None) -> RunSchedule:
+    """Resolves the boundary and counts the split from the run's own sigmas (values, or the function that
+    computes them from the checked inputs; `schedulers`: the scheduler names there are, when known)."""
+    check_schedule_inputs(steps=steps, flow_shift=flow_shift, boundary_ratio=custom_ratio,
+                          scheduler=None if schedulers is None else scheduler, schedulers=schedulers or ())
+    sigmas = sigma_values(sigmas)
     if len(sigmas) < 2:  # ComfyUI's schedulers give steps + 1 sigmas, or about that many (ddim_uniform)
         raise ValueError(f"{len(sigmas)} sigmas for {steps} steps: a run has at least one step and a final sigma")
     boundary = resolve_boundary(has_high=has_high, has_low=has_low, model_default=model_default,
