@@ -4,6 +4,7 @@ slower than the two idle cores the runs were measured on."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -156,3 +157,30 @@ class ComfyServer:
             return False
 
         return self.watch(prompt, interrupt_at, timeout)
+
+
+# --- whole prompts, as the tests run them on a server ---
+# A hang guard only (pytest's own limit is 3600 s too): the as-shipped 640x640x81 LightX2V video takes about
+# 5 minutes on two idle cores, the official template's two 4-step runs and one umt5 encoding a few minutes.
+HANG_GUARD_S = 3600
+
+
+def run_prompt(server: ComfyServer, prompt: dict) -> dict:
+    """Queues `prompt`, which must pass validation, and waits for its end: its /history entry."""
+    status, body = server.queue(prompt)
+    assert status == 200 and body["node_errors"] == {}, body
+    return server.wait(body["prompt_id"], timeout=HANG_GUARD_S)
+
+
+def run_and_load(server: ComfyServer, prompt: dict) -> tuple:
+    """Runs `prompt`, which must succeed and save a latent with its one SaveLatent node: (the latent, the
+    /history entry). The file is removed, so that the next run under the same prefix is found alone."""
+    from safetensors.torch import load_file
+
+    entry = run_prompt(server, prompt)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    (prefix,) = [node["inputs"]["filename_prefix"] for node in prompt.values() if node["class_type"] == "SaveLatent"]
+    (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
+    latent = load_file(path)["latent_tensor"]
+    os.remove(path)
+    return latent, entry

@@ -4,17 +4,15 @@ loader and LoRA nodes, it gives bit for bit the latent it gives unmodified (on s
 and our nodes put inside its subgraph show the split on the canvas."""
 
 import copy
-import glob
 import json
 import os
 
 import pytest
 import torch
-from safetensors.torch import load_file
+
+from devtools.comfy_server import run_and_load
 
 from .canvas import frontend_prompt, load, node_of, set_widget, wait_for_status
-
-HANG_GUARD_S = 3600  # two 4-step runs at 64x64x5 and one umt5 encoding take a few minutes here
 
 
 def template_path() -> str:
@@ -82,20 +80,8 @@ RUNS = {}  # prompt -> (latent, history entry): a frontend that converts the tem
 def run_for_latent(server, prompt: dict) -> tuple[torch.Tensor, dict]:
     key = json.dumps(prompt, sort_keys=True)
     if key not in RUNS:
-        RUNS[key] = run_once(server, prompt)
+        RUNS[key] = run_and_load(server, prompt)
     return RUNS[key]
-
-
-def run_once(server, prompt: dict) -> tuple[torch.Tensor, dict]:
-    status, body = server.queue(prompt)
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait(body["prompt_id"], timeout=HANG_GUARD_S)
-    assert entry["status"]["status_str"] == "success", entry["status"]
-    prefix = prompt["999"]["inputs"]["filename_prefix"]
-    (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
-    latent = load_file(path)["latent_tensor"]
-    os.remove(path)  # the next run under this prefix is found alone
-    return latent, entry
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from devtools.comfy_server import run_prompt
 from devtools.paths import ROOT
 from devtools.workflow_specs import NEGATIVE, TEMPLATE_PROMPT, WORKFLOWS
 
@@ -35,18 +36,8 @@ def report_of(entry):
                       ["text"][0])
 
 
-# A hang guard only: the as-shipped 640x640x81 LightX2V video takes about 5 minutes on two idle cores.
-HANG_GUARD_S = 3600
-
-
-def run(server, prompt):
-    status, body = server.queue(prompt)
-    assert status == 200 and body["node_errors"] == {}, body
-    return server.wait(body["prompt_id"], timeout=HANG_GUARD_S)
-
-
 def test_the_demo_api_workflow_succeeds_and_reports_the_split_and_the_cache(server):
-    entry = run(server, api_workflow("wan22_tiny_demo"))
+    entry = run_prompt(server, api_workflow("wan22_tiny_demo"))
     assert entry["status"]["status_str"] == "success"
     report = json.loads(entry["outputs"]["14"]["text"][0])
     assert report["split"] == {"high": 14, "low": 6} and report["cache"]["low"]["cached_steps"]
@@ -73,7 +64,7 @@ def test_every_native_text_workflow_runs_end_to_end(native_server, name):
     at a tiny video size: a 832x480x81 run takes about half an hour on two cores even with tiny experts."""
     prompt = with_tiny_size(api_workflow(name))
     assert {v["class_type"] for v in prompt.values()} == {v["class_type"] for v in api_workflow(name).values()}
-    entry = run(native_server, prompt)
+    entry = run_prompt(native_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_of(entry)
     assert report["steps"] == 8 and sum(report["split"].values()) == 8
@@ -93,7 +84,7 @@ def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_t
     assert (sampler["cfg_high"], sampler["cfg_low"]) == (1.0, 1.0)
     prompt = with_tiny_size(api, steps=4)
     assert {v["class_type"] for v in prompt.values()} == {v["class_type"] for v in api.values()}
-    entry = run(native_server, prompt)
+    entry = run_prompt(native_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_of(entry)
     assert report["split"] == {"high": 2, "low": 2} and report["boundary_ratio"] == 0.875
@@ -107,7 +98,7 @@ def test_the_three_stage_lightx2v_workflow_runs_its_three_stages_split_from_the_
     api = api_workflow("wan22_t2v_a14b_lightx2v_3stage")
     lead = next(v for v in api.values() if v["class_type"] == "Wan22LeadStage")["inputs"]
     assert (lead["lead_steps"], lead["start_step"], lead["cfg"]) == (24, 1, 3.5)
-    entry = run(native_server, with_tiny_size(api, steps=None))
+    entry = run_prompt(native_server, with_tiny_size(api, steps=None))
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_of(entry)
     assert report["split"] == {"lead": 3, "high": 3, "low": 4} and report["lead"]["hand_off_exact"] is True
@@ -123,7 +114,7 @@ def test_the_template_with_the_cache_dit_model_node_runs_on_its_two_ksampleradva
     kinds = sorted(v["class_type"] for v in api.values())
     assert kinds.count("Wan22CacheDiTModel") == 2 and kinds.count("KSamplerAdvanced") == 2
     assert not any(kind.startswith("Wan22") and kind != "Wan22CacheDiTModel" for kind in kinds)
-    entry = run(native_server, with_tiny_size(api))
+    entry = run_prompt(native_server, with_tiny_size(api))
     assert entry["status"]["status_str"] == "success", entry["status"]
     cache_nodes = [k for k, v in api.items() if v["class_type"] == "Wan22CacheDiTModel"]
     assert all("sized at each sample call" in entry["outputs"][k]["text"][0] for k in cache_nodes)
@@ -142,7 +133,7 @@ def test_the_parallel_workflow_runs_on_two_workers_over_http(native_server):
     prompt = with_tiny_size(api)
     loader = next(v for v in prompt.values() if v["class_type"] == "Wan22ExpertLoader")["inputs"]
     loader.update(high_noise_model=TWO_HEAD_FILES["high"], low_noise_model=TWO_HEAD_FILES["low"])
-    entry = run(native_server, prompt)
+    entry = run_prompt(native_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_of(entry)
     assert report["parallel"]["workers"] == 2 and report["parallel"]["devices"] == ["cpu", "cpu"]
@@ -159,7 +150,7 @@ def test_the_workflows_cheap_enough_here_finish_as_shipped(native_server, name):
     """Unchanged API files: the 4-step and the three-stage LightX2V videos (640x640, 81 frames) and the
     one-frame low-noise image. The two 40-step 832x480x81 videos take about half an hour each on two cores, so they run
     above at a tiny size."""
-    entry = run(native_server, api_workflow(name))
+    entry = run_prompt(native_server, api_workflow(name))
     assert entry["status"]["status_str"] == "success", entry["status"]
     assert report_of(entry)["split"] == AS_SHIPPED[name]
 

@@ -1,11 +1,9 @@
 """Whole runs through real ComfyUI servers over HTTP: interruption and repeatability."""
 
-import glob
-import os
-
 import pytest
 import torch
-from safetensors.torch import load_file
+
+from devtools.comfy_server import run_and_load
 
 from .prompts import expert_files, loader, our_prompt, text_folder
 
@@ -20,21 +18,10 @@ def prompt_for(tiny, seed, prefix, steps=8, **kw):
                       save_latent_prefix=f"latents/{prefix}", **kw)
 
 
-def run_and_load(server, prompt) -> torch.Tensor:
-    status, body = server.queue(prompt)
-    assert status == 200, body
-    entry = server.wait(body["prompt_id"], timeout=1200)
-    errors = [m for m in entry["status"]["messages"] if m[0] == "execution_error"]
-    assert entry["status"]["status_str"] == "success", errors
-    prefix = prompt["11"]["inputs"]["filename_prefix"]
-    (path,) = glob.glob(os.path.join(server.base_dir, "output", f"{prefix}_*.latent"))
-    return load_file(path)["latent_tensor"]
-
-
 def test_seeds_a_b_a_on_one_server_give_bit_identical_a_results(server, tiny_models):
-    a1 = run_and_load(server, prompt_for(tiny_models, 101, "seed_a1"))
-    b = run_and_load(server, prompt_for(tiny_models, 202, "seed_b"))
-    a2 = run_and_load(server, prompt_for(tiny_models, 101, "seed_a2"))
+    a1, _ = run_and_load(server, prompt_for(tiny_models, 101, "seed_a1"))
+    b, _ = run_and_load(server, prompt_for(tiny_models, 202, "seed_b"))
+    a2, _ = run_and_load(server, prompt_for(tiny_models, 101, "seed_a2"))
     assert torch.equal(a1, a2) and not torch.equal(a1, b)
 
 
@@ -49,9 +36,9 @@ def test_an_interrupted_run_leaves_the_next_prompt_as_on_a_fresh_server(server, 
     history = server.wait(prompt_id, timeout=600)
     assert history["status"]["status_str"] == "error"
 
-    after = run_and_load(server, prompt_for(tiny_models, 8, "after_interrupt"))
+    after, _ = run_and_load(server, prompt_for(tiny_models, 8, "after_interrupt"))
     fresh = request.getfixturevalue("fresh_tiny_models_server")  # started only now: it never saw the interrupt
-    assert torch.equal(after, run_and_load(fresh, prompt_for(tiny_models, 8, "after_interrupt")))
+    assert torch.equal(after, run_and_load(fresh, prompt_for(tiny_models, 8, "after_interrupt"))[0])
 
 
 def test_an_interrupted_cached_run_then_the_same_prompt_equals_it_on_a_fresh_server(server, tiny_models, request):
@@ -61,9 +48,7 @@ def test_an_interrupted_cached_run_then_the_same_prompt_equals_it_on_a_fresh_ser
     _, messages = server.run_and_interrupt(prompt, node_id="5", at_step=30)
     progress = [m["data"]["value"] for m in messages if m["type"] == "progress" and m["data"]["node"] == "5"]
     assert "execution_interrupted" in [m["type"] for m in messages] and max(progress) < steps
-    again = run_and_load(server, prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256, height=256,
-                                            length=9, cache={}))
+    again = prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256, height=256, length=9, cache={})
+    latent, _ = run_and_load(server, again)
     fresh = request.getfixturevalue("fresh_tiny_models_server")
-    reference = run_and_load(fresh, prompt_for(tiny_models, 17, "cached_again", steps=steps, width=256, height=256,
-                                               length=9, cache={}))
-    assert torch.equal(again, reference)
+    assert torch.equal(latent, run_and_load(fresh, again)[0])
