@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+import urllib.request
 
 from .comfy_server import ComfyServer
 from .paths import ROOT
@@ -20,6 +21,12 @@ from .standins import write_standins
 DEMO_DIR = os.environ.get("WAN22_DEMO_DIR", os.path.join(ROOT, ".demo"))
 WORKFLOW = os.path.join(ROOT, "example_workflows", "api", "wan22_tiny_demo.json")
 SAMPLER_NODE, VIDEO_NODE, TIMELINE_NODE, REPORT_NODE = "8", "11", "13", "14"
+# What the demo server is for, in its log and on every canvas it serves (the pack's WAN22_SERVER_NOTE): its
+# text encoder is a placeholder, so the other shipped workflows stop at their CLIP loader
+SCOPE = ("this is the wan22-cachedit demo server, on tiny random stand-ins: only the demo workflow "
+         "(example_workflows/wan22_tiny_demo.json) runs on it. The other shipped workflows stop at their text "
+         "encoder (a placeholder file, so ComfyUI's CLIP loader says 'Error while deserializing header'): "
+         "run them on a ComfyUI with the real Wan2.2 files.")
 
 
 def progress_printer():
@@ -50,8 +57,10 @@ def main() -> int:
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
 
+    os.environ["WAN22_SERVER_NOTE"] = SCOPE  # the server reads it from the environment it inherits
     server = ComfyServer(base)
     print(f"[demo] starting ComfyUI 0.30.0 with the pack on {server.url} (log: {server.log_path})")
+    print(f"[demo] {SCOPE}")
     started = time.monotonic()
     server.start()
     try:
@@ -84,6 +93,8 @@ def main() -> int:
             if "cached_steps" in stats:
                 print(f"[demo] Cache-DiT on the {role}-noise expert: {len(stats['cached_steps'])} cached steps, "
                       f"{stats['block_forwards']} of {stats['block_forwards_without_cache']} block forwards computed")
+        with urllib.request.urlopen(server.url + "/wan22/canvas", timeout=60) as r:  # what a canvas is told
+            print(f"[demo] every canvas of this server is told: {json.load(r)['server_note']}")
         print(f"[demo] output folder: {out_dir}")
         for key in ("video", "timeline"):
             print(f"[demo]   {key}: {copied[key]}")

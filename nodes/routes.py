@@ -6,12 +6,14 @@
   the experts behind each one out of that prompt the way the nodes read it when they run, and counts the
   split with the schedule node's own function.
 - `GET /wan22/canvas`: what the canvas needs to know of the nodes (the old sampler names a saved workflow may
-  show, the nodes that show a split), so that the frontend restates none of it.
+  show, the nodes that show a split), so that the frontend restates none of it, and the operator's note
+  (`WAN22_SERVER_NOTE`) if there is one.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from aiohttp import web
 from server import PromptServer
@@ -31,6 +33,9 @@ from .types import ExpertsType
 
 ROUTE = "/wan22/split"
 CANVAS_ROUTE = "/wan22/canvas"
+# An operator's note for every canvas this server serves, shown when the page opens and after a failed run
+# (`make demo` says that only its workflow runs on its tiny stand-ins).
+SERVER_NOTE = "WAN22_SERVER_NOTE"
 SCHEDULE_INPUTS = ("sampler", "steps", "flow_shift", "scheduler")
 
 
@@ -248,4 +253,5 @@ async def split(request: web.Request) -> web.Response:
 @PromptServer.instance.routes.get(CANVAS_ROUTE)
 async def canvas(_request: web.Request) -> web.Response:
     return web.json_response({"old_samplers": {old: new for old, new in core_schedule.OLD_SAMPLERS.items()
-                                               if old != new}, "split_nodes": list(SPLIT_NODES)})
+                                               if old != new}, "split_nodes": list(SPLIT_NODES),
+                              "server_note": os.environ.get(SERVER_NOTE) or None})

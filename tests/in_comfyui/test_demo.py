@@ -17,6 +17,8 @@ def test_the_demo_runs_the_shipped_workflow_and_writes_its_outputs(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     out = tmp_path / "output"
     assert f"output folder: {out}" in run.stdout and "tiny and random" in run.stdout
+    # its scope, in its log and on every canvas it serves (the canvas shows the server's note: test_frontend)
+    assert run.stdout.count("only the demo workflow (example_workflows/wan22_tiny_demo.json) runs on it") == 2
     report = json.loads((out / "report.json").read_text())
     # uni_pc/simple, 20 steps, shift 12, CFG 4 / 3: 14 / 6, each step one call with cond and uncond batched
     assert report["split"] == {"high": 14, "low": 6} and report["transformer_calls"] == {"high": 14, "low": 6}

@@ -17,7 +17,9 @@ const STATUS_WIDGET = "wan22_status";
 const SOCKET_COLOURS = { WAN22_EXPERTS: "#b06ad9", WAN22_SCHEDULE: "#3fb6a8" };
 const REFRESH_DELAY_MS = 150;
 
-const canvasInfo = { old_samplers: {}, split_nodes: [SCHEDULE] }; // served by GET /wan22/canvas
+// served by GET /wan22/canvas; server_note: what the server's operator says of it (the demo server: which
+// workflows it can run), shown when the page opens and after a failed run
+const canvasInfo = { old_samplers: {}, split_nodes: [SCHEDULE], server_note: null };
 const scheduleDefaults = {}; // input name -> default, from the server's node definition
 // Counters the browser tests wait on (never a fixed sleep): refreshes asked for, replies handled. Exposed only
 // on a page the tests opened (they set window.wan22Testing before any script runs), never in a user's page.
@@ -192,6 +194,19 @@ function migrateSavedWorkflow(workflow) {
   }
 }
 
+// --- the server's note ---
+
+function showServerNote() {
+  const note = canvasInfo.server_note;
+  if (typeof note !== "string" || !note) return;
+  const toast = app.extensionManager?.toast;
+  if (typeof toast?.add === "function") {
+    toast.add({ severity: "warn", summary: "Wan2.2 Cache-DiT", detail: note, life: 20000 });
+  } else {
+    console.warn(`wan22: ${note}`);
+  }
+}
+
 // --- after a run ---
 
 function onExecuted({ detail }) {
@@ -245,6 +260,10 @@ app.registerExtension({
       Object.assign(canvasInfo, await (await api.fetchApi("/wan22/canvas")).json());
     } catch (error) {
       console.warn("wan22: canvas info unavailable", error);
+    }
+    if (canvasInfo.server_note) {
+      showServerNote();
+      api.addEventListener("execution_error", showServerNote);
     }
     scheduleRefresh();
   },
