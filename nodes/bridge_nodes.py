@@ -6,9 +6,20 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from . import expert_models
-from .core.experts import EXPERT_INPUTS
-from .core.prompt_graph import upstream_file
+from .core import experts as core_experts
+from .core.experts import EXPERT_INPUTS, ExpertsPreview
+from .core.prompt_graph import is_link, node_inputs, upstream_file
+from .model_files import inspect_files
 from .types import CATEGORY, ExpertsType, linked_only
+
+HEADER_FILES = (".safetensors", ".gguf")  # expert files whose header tells the task
+
+
+def gguf_readable() -> bool:
+    """GGUF headers are read with the `gguf` package, which is there wherever ComfyUI-GGUF's loaders run."""
+    import importlib.util
+
+    return importlib.util.find_spec("gguf") is not None
 
 
 class Wan22ExpertsFromModel(io.ComfyNode):
@@ -33,6 +44,22 @@ class Wan22ExpertsFromModel(io.ComfyNode):
                                                                        "Cache-DiT and sampler nodes.")],
             hidden=[io.Hidden.prompt, io.Hidden.unique_id],
         )
+
+    @classmethod
+    def preview(cls, *, prompt: dict, node_id: str, **_widgets) -> ExpertsPreview:
+        """The experts this node of `prompt` will make: which MODEL inputs are connected, and the boundary of
+        the first file behind them whose header can be read (else the text-to-video one, assumed)."""
+        inputs = node_inputs(prompt, node_id)
+        connected = {role: is_link(inputs.get(name)) for role, name in EXPERT_INPUTS.items()}
+        core_experts.require_some_expert(*(True if connected[r] else None for r in core_experts.ROLES),
+                                         empty="unconnected", fix="connect the MODEL of at least one expert")
+        for role, name in EXPERT_INPUTS.items():
+            file = upstream_file(prompt, node_id, name) if connected[role] else None
+            if file and file.endswith(HEADER_FILES) and (not file.endswith(".gguf") or gguf_readable()):
+                architecture = inspect_files({role: file})[role]
+                return ExpertsPreview(connected["high"], connected["low"], core_experts.default_boundary(architecture))
+        return ExpertsPreview(connected["high"], connected["low"], core_experts.DEFAULT_BOUNDARY["t2v"],
+                              boundary_known=False)
 
     @classmethod
     def validate_inputs(cls, high_noise_model=None, low_noise_model=None):

@@ -58,11 +58,13 @@ def check_run(experts, schedule: RunSchedule) -> None:
                                           "the lead stage the same experts, before their LoRAs")
 
 
-def plan_stages(experts, schedule: RunSchedule, cfg: dict[str, float]) -> list[Stage]:
-    """The run's stages in order: a lead stage, if the schedule has one, then the high-noise expert to the
-    switch (leftover noise kept), then the low-noise expert to the end; a stage with no steps is left out,
-    and a lone stage runs as one KSampler."""
+def plan_stages(experts, schedule: RunSchedule, cfg: dict[str, float], lead_model=None) -> list[Stage]:
+    """The run's stages in order: a lead stage, if the schedule has one (on `lead_model`, the MODEL the lead
+    node was given), then the high-noise expert to the switch (leftover noise kept), then the low-noise expert
+    to the end; a stage with no steps is left out, and a lone stage runs as one KSampler."""
     check_run(experts, schedule)
+    if (schedule.lead is None) != (lead_model is None):
+        raise RuntimeError("a lead stage runs on the MODEL its node was given, and only a lead stage has one")
     models = experts.models()
     names = list(schedule.stage_steps())
     stages = []
@@ -70,7 +72,7 @@ def plan_stages(experts, schedule: RunSchedule, cfg: dict[str, float]) -> list[S
         first, last = i == 0, i == len(names) - 1
         if name == "lead":
             lead = schedule.lead
-            stages.append(Stage(name="lead", role="high", model=shifted(lead.model, schedule.flow_shift),
+            stages.append(Stage(name="lead", role="high", model=shifted(lead_model, schedule.flow_shift),
                                 cfg=float(lead.cfg), steps=lead.steps, start_step=0, last_step=lead.end_step,
                                 sigmas=schedule.stage_sigmas("lead"), add_noise=True, full_denoise=last,
                                 own_sigmas=not lead.exact))
@@ -134,15 +136,15 @@ def run_stage(stage: Stage, sampler: str, scheduler: str, positive, negative, la
 
 
 def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, seed: int,
-           cfg: dict[str, float], attach=None) -> tuple[dict, RunRecord]:
+           cfg: dict[str, float], attach=None, lead_model=None) -> tuple[dict, RunRecord]:
     """Runs the stages through ComfyUI's sampling in this process; returns the LATENT (a new dict) and what the
     run did. A run with a parallel plan goes to the plan's workers instead (the sampler node chooses: `run` in
     sampler_nodes), and each worker runs this function on its share; `attach` (a worker's) adds its wrappers to
-    each stage's clone."""
+    each stage's clone; `lead_model`: the MODEL of the schedule's lead stage, if it has one."""
     if experts.parallel_plan is not None:
         raise RuntimeError("engine.sample runs in this process: a run with a parallel plan goes through "
                            "sampler_nodes.run, which hands it to the plan's workers")
-    stages = plan_stages(experts, schedule, cfg)
+    stages = plan_stages(experts, schedule, cfg, lead_model)
     plan = experts.cache_plan
     record = RunRecord(stages=tuple(stage.name for stage in stages))
     compiled = {stage.name: kwargs["backend"] for stage in stages

@@ -15,7 +15,7 @@ import comfy.utils
 from . import expert_models
 from .core import diffusers_folder as folders
 from .core.errors import Wan22InputError
-from .core.experts import NONE, ROLES, require_some_expert
+from .core.experts import NONE, ROLES, ExpertsPreview, default_boundary, require_some_expert
 from .model_files import diffusers_folder_list, diffusers_folder_path, expert_path, inspect_files
 from .types import CATEGORY, ExpertsType
 
@@ -67,14 +67,23 @@ class Wan22ExpertLoader(io.ComfyNode):
         )
 
     @classmethod
+    def preview(cls, high_noise_model=NONE, low_noise_model=NONE, **_context) -> ExpertsPreview:
+        """The experts these inputs load, from the files' headers (the node's validation and the canvas's split)."""
+        require_some_expert(high_noise_model, low_noise_model)
+        architectures = inspect_files({"high": high_noise_model, "low": low_noise_model})
+        return ExpertsPreview(has_high=high_noise_model != NONE, has_low=low_noise_model != NONE,
+                              default_boundary=default_boundary(next(iter(architectures.values()))))
+
+    @classmethod
     def validate_inputs(cls, high_noise_model=None, low_noise_model=None):
         # Header-only checks, so a wrong file is refused at queue time, before anything runs. A linked input
         # is None here: its value is known only when the prompt runs, and execute checks it then.
         names = {"high": high_noise_model, "low": low_noise_model}
         try:
             if None not in names.values():
-                require_some_expert(high_noise_model, low_noise_model)
-            inspect_files({role: name for role, name in names.items() if name is not None})
+                cls.preview(high_noise_model, low_noise_model)
+            else:
+                inspect_files({role: name for role, name in names.items() if name is not None})
         except Wan22InputError as e:
             return str(e)
         return True
@@ -133,11 +142,19 @@ class Wan22DiffusersExpertLoader(io.ComfyNode):
         )
 
     @classmethod
+    def preview(cls, model_folder="", experts="both", **_context) -> ExpertsPreview:
+        """The experts these inputs load, from the folder's headers and model_index.json (the node's validation
+        and the canvas's split)."""
+        architectures, declared = folders.inspect_folder(diffusers_folder_path(model_folder), experts)
+        return ExpertsPreview(has_high="high" in architectures, has_low="low" in architectures,
+                              default_boundary=default_boundary(next(iter(architectures.values())), declared))
+
+    @classmethod
     def validate_inputs(cls, model_folder=None, experts=None):
         if model_folder is None or experts is None:
             return True
         try:
-            folders.inspect_folder(diffusers_folder_path(model_folder), experts)
+            cls.preview(model_folder, experts)
         except Wan22InputError as e:
             return str(e)
         return True

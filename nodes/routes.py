@@ -2,9 +2,9 @@
 
 - `POST /wan22/split`: the split each schedule node (and lead stage node) of the graph on screen will run,
   before anything is queued. The canvas sends the API prompt the frontend itself makes of the graph
-  (subgraphs flattened, every widget value resolved) and the ids of its schedule nodes; the server reads
-  the experts behind each one out of that prompt the way the nodes read it when they run, and counts the
-  split with the schedule node's own function.
+  (subgraphs flattened, every widget value resolved) and the ids of its schedule nodes; the server asks the
+  loader behind each one for its preview (`preview` on the loader's class, which its own validation uses) and
+  counts the split with the schedule node's own function.
 - `GET /wan22/canvas`: what the canvas needs to know of the nodes (the old sampler names a saved workflow may
   show, the nodes that show a split), so that the frontend restates none of it, and the operator's note
   (`WAN22_SERVER_NOTE`) if there is one.
@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 
@@ -22,13 +23,10 @@ import execution
 import nodes as comfyui_nodes
 
 from . import schedule_nodes, sigmas
-from .core import diffusers_folder as folders
-from .core import experts as core_experts
 from .core import schedule as core_schedule
 from .core.errors import Wan22InputError, cut
-from .core.prompt_graph import (EXPERTS_INPUT, check_request, class_type, experts_source, is_link, node_inputs,
-                                upstream_file)
-from .model_files import diffusers_folder_path, inspect_files
+from .core.experts import ExpertsPreview
+from .core.prompt_graph import EXPERTS_INPUT, check_request, class_type, experts_source, is_link, node_inputs
 from .types import ExpertsType
 
 ROUTE = "/wan22/split"
@@ -57,50 +55,17 @@ def widget_value(inputs: dict, name: str, default=None):
     return value
 
 
-HEADER_FILES = (".safetensors", ".gguf")  # expert files whose header tells the task
-
-
-def gguf_readable() -> bool:
-    """GGUF headers are read with the `gguf` package, which is there wherever ComfyUI-GGUF's loaders run."""
-    import importlib.util
-
-    return importlib.util.find_spec("gguf") is not None
-
-
-def bridged_experts(prompt: dict, node_id: str) -> tuple[bool, bool, float, bool]:
-    """Wan2.2 Experts from MODEL: which MODEL inputs are connected, and the boundary of the first file behind
-    them whose header can be read (False when the text-to-video boundary was assumed)."""
+def loaded_experts(prompt: dict, node_id: str) -> ExpertsPreview:
+    """What the node that makes the experts will make, from its inputs in the prompt: the preview its own class
+    answers (each loader's, which its validation uses too)."""
+    node_class = comfyui_nodes.NODE_CLASS_MAPPINGS.get(class_type(prompt, node_id))
+    preview = getattr(node_class, "preview", None)
+    if preview is None:
+        raise Wan22InputError("experts", "connect the experts input to a Wan2.2 expert loader")
     inputs = node_inputs(prompt, node_id)
-    connected = {role: is_link(inputs.get(name)) for role, name in core_experts.EXPERT_INPUTS.items()}
-    core_experts.require_some_expert(*(True if connected[r] else None for r in core_experts.ROLES),
-                                     empty="unconnected", fix="connect the MODEL of at least one expert")
-    for role, name in core_experts.EXPERT_INPUTS.items():
-        file = upstream_file(prompt, node_id, name) if connected[role] else None
-        if file and file.endswith(HEADER_FILES) and (not file.endswith(".gguf") or gguf_readable()):
-            architecture = inspect_files({role: file})[role]
-            return connected["high"], connected["low"], core_experts.default_boundary(architecture), True
-    return connected["high"], connected["low"], core_experts.DEFAULT_BOUNDARY["t2v"], False
-
-
-def loaded_experts(prompt: dict, node_id: str) -> tuple[bool, bool, float, bool]:
-    """(has_high, has_low, model default boundary, whether that boundary was read off the files) of the node
-    that makes the experts, from its inputs in the prompt and the headers of its files."""
-    kind, inputs = class_type(prompt, node_id), node_inputs(prompt, node_id)
-    if kind == "Wan22DiffusersExpertLoader":
-        folder, which = widget_value(inputs, "model_folder", ""), widget_value(inputs, "experts", "both")
-        architectures, declared = folders.inspect_folder(diffusers_folder_path(folder), which)
-        default = core_experts.default_boundary(next(iter(architectures.values())), declared)
-        return "high" in architectures, "low" in architectures, default, True
-    if kind == "Wan22ExpertLoader":
-        names = {role: widget_value(inputs, name, core_experts.NONE)
-                 for role, name in core_experts.EXPERT_INPUTS.items()}
-        core_experts.require_some_expert(names["high"], names["low"])
-        architectures = inspect_files(names)
-        default = core_experts.default_boundary(next(iter(architectures.values())))
-        return names["high"] != core_experts.NONE, names["low"] != core_experts.NONE, default, True
-    if kind == "Wan22ExpertsFromModel":
-        return bridged_experts(prompt, node_id)
-    raise Wan22InputError("experts", "connect the experts input to a Wan2.2 expert loader")
+    widgets = {name: widget_value(inputs, name) for name, parameter in inspect.signature(preview).parameters.items()
+               if parameter.kind == parameter.POSITIONAL_OR_KEYWORD and name in inputs}
+    return preview(prompt=prompt, node_id=node_id, **widgets)
 
 
 SPLIT_NODES = ("Wan22Schedule", "Wan22LeadStage")  # the nodes whose split the canvas shows
@@ -123,7 +88,7 @@ def schedule_of(prompt: dict, node_id: str):
             raise Wan22InputError("schedule", "connect a Wan2.2 Boundary & Flow Shift node to see the split")
         schedule, known = main_schedule_of(prompt, upstream[0])
         lead_source = experts_source(prompt, node_id, passes_experts)
-        if lead_source is not None and not loaded_experts(prompt, lead_source)[0]:
+        if lead_source is not None and not loaded_experts(prompt, lead_source).has_high:
             raise Wan22InputError("experts", "the lead stage runs the high-noise expert, but these experts have none")
         try:
             steps, start, cfg = (int(widget_value(inputs, "lead_steps")), int(widget_value(inputs, "start_step")),
@@ -141,7 +106,7 @@ def main_schedule_of(prompt: dict, node_id: str):
     source = experts_source(prompt, node_id, passes_experts)
     if source is None:
         raise Wan22InputError("experts", "connect a Wan2.2 expert loader to see the split")
-    has_high, has_low, default, known = loaded_experts(prompt, source)
+    experts = loaded_experts(prompt, source)
     inputs = node_inputs(prompt, node_id)
     values = {name: widget_value(inputs, name) for name in SCHEDULE_INPUTS}
     boundary = {"boundary": widget_value(inputs, "boundary"),
@@ -151,11 +116,11 @@ def main_schedule_of(prompt: dict, node_id: str):
         steps, flow_shift = int(values["steps"]), float(values["flow_shift"])
     except (TypeError, ValueError):
         raise Wan22InputError("steps", "steps and flow_shift must be numbers") from None
-    schedule = sigmas.build_schedule(has_high=has_high, has_low=has_low, model_default=default,
-                                     sampler=values["sampler"],
+    schedule = sigmas.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
+                                     model_default=experts.default_boundary, sampler=values["sampler"],
                                      scheduler=values["scheduler"] or core_schedule.DEFAULT_SCHEDULER, steps=steps,
                                      flow_shift=flow_shift, custom_ratio=custom)
-    return schedule, known
+    return schedule, experts.boundary_known
 
 
 def outputs_of(kind: str) -> int | None:

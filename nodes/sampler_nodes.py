@@ -11,17 +11,18 @@ from comfy_api.latest import io
 from . import engine
 from .core import report, sampler_inputs, timeline
 from .parallel import pool
-from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
+from .types import CATEGORY, ExpertsType, ScheduleHandle, ScheduleType, linked_given, linked_only
 
 
-def run(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict):
+def run(experts, handle: ScheduleHandle, positive, negative, latent: dict, seed: int, cfg: dict):
     """The run in this process (engine.sample), or, with a parallel plan on the experts, on the plan's workers
     (pool.sample_on_workers, each worker running engine.sample on its share): (LATENT, run record). The
     stages are planned here first, so that what the run refuses is refused before any worker starts."""
+    schedule, lead_model = handle.schedule, handle.lead_model
     if experts.parallel_plan is None:
-        return engine.sample(experts, schedule, positive, negative, latent, seed, cfg)
-    engine.plan_stages(experts, schedule, cfg)
-    return pool.sample_on_workers(experts, schedule, positive, negative, latent, seed, cfg)
+        return engine.sample(experts, schedule, positive, negative, latent, seed, cfg, lead_model=lead_model)
+    engine.plan_stages(experts, schedule, cfg, lead_model)
+    return pool.sample_on_workers(experts, schedule, lead_model, positive, negative, latent, seed, cfg)
 
 
 class Wan22TwoStageSampler(io.ComfyNode):
@@ -78,8 +79,8 @@ class Wan22TwoStageSampler(io.ComfyNode):
         if experts.parallel_plan is None:
             pool.release()  # a run without the plan: the warm workers of an earlier one are not kept
         latent, record = run(experts, schedule, positive, negative, latent_image, seed, cfg)
-        run_report = report.build_report(experts, schedule, record, seed=seed, cfg=cfg)
-        picture = torch.from_numpy(timeline.render_timeline(schedule, record)).float().div(255.0).unsqueeze(0)
+        run_report = report.build_report(experts, schedule.schedule, record, seed=seed, cfg=cfg)
+        picture = torch.from_numpy(timeline.render_timeline(schedule.schedule, record)).float().div(255.0).unsqueeze(0)
         ui = {"text": [report.summary_line(run_report)], "report": [run_report]}
         if experts.cache_node is not None and record.cache:
             ui["cache_used"] = [{"node": experts.cache_node, "text": report.cache_used_line(run_report)}]

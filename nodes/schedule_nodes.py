@@ -11,7 +11,7 @@ import comfy.samplers
 from . import sigmas
 from .core import schedule as core
 from .core.errors import Wan22InputError
-from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
+from .types import CATEGORY, ExpertsType, ScheduleHandle, ScheduleType, linked_given, linked_only
 
 
 def boundary_ratio_input() -> io.Float.Input:
@@ -98,7 +98,7 @@ class Wan22Schedule(io.ComfyNode):
                                          model_default=experts.default_boundary, sampler=sampler, scheduler=scheduler,
                                          steps=steps, flow_shift=flow_shift, custom_ratio=custom)
         ui = {"text": [schedule.summary()], "split": [split_ui(schedule)]}
-        return io.NodeOutput(schedule, schedule.high_steps, schedule.low_steps,
+        return io.NodeOutput(ScheduleHandle(schedule), schedule.high_steps, schedule.low_steps,
                              torch.tensor(schedule.stage_sigmas("high")), torch.tensor(schedule.stage_sigmas("low")),
                              ui=ui)
 
@@ -113,7 +113,6 @@ def lead_schedule(schedule, experts, lead_steps: int, start_step: int, cfg: floa
         return sigmas.run_sigmas(schedule.sampler, schedule.scheduler, lead_steps, schedule.flow_shift).tolist()
     return core.add_lead(schedule, lead_sigmas=lead_sigmas, steps=lead_steps, start_step=start_step, cfg=cfg,
                          source=experts.sources[0] if experts is not None else "MODEL",
-                         model=experts.high if experts is not None else None,
                          architecture=experts.architecture if experts is not None else None)
 
 
@@ -175,6 +174,7 @@ class Wan22LeadStage(io.ComfyNode):
         if not experts.has_high:
             raise Wan22InputError("experts", "the lead stage runs the high-noise expert, but these experts have "
                                              "none: connect experts with a high-noise expert")
-        led = lead_schedule(schedule, experts, lead_steps, start_step, cfg)
+        led = lead_schedule(schedule.schedule, experts, lead_steps, start_step, cfg)
         ui = {"text": [led.summary()], "split": [split_ui(led)]}
-        return io.NodeOutput(led, *(torch.tensor(led.stage_sigmas(stage)) for stage in core.STAGES), ui=ui)
+        return io.NodeOutput(ScheduleHandle(led, lead_model=experts.high),
+                             *(torch.tensor(led.stage_sigmas(stage)) for stage in core.STAGES), ui=ui)

@@ -1,11 +1,24 @@
 """The pack's socket types. The frontend only connects sockets whose type names match."""
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from comfy_api.latest import io
 
 from .core.errors import Wan22InputError
+from .core.schedule import RunSchedule
 
 ExpertsType = io.Custom("WAN22_EXPERTS")
 ScheduleType = io.Custom("WAN22_SCHEDULE")
+
+
+@dataclass(frozen=True)
+class ScheduleHandle:
+    """What the schedule socket carries: core's schedule (a plain value) and, when it has a lead stage, the
+    MODEL the lead runs on (the Lead Stage node's experts' high-noise expert), which core never holds."""
+
+    schedule: RunSchedule
+    lead_model: Any = field(default=None, repr=False, compare=False)
 
 CATEGORY = "Wan2.2 Cache-DiT"
 

@@ -75,6 +75,17 @@ class Wan22Experts:
                 + "".join(f"; {n.role} LoRA {n.file} x{n.strength:g}" for n in self.loras))
 
 
+@dataclass(frozen=True)
+class ExpertsPreview:
+    """What a loader node's experts will be, known from its inputs and its files' headers before anything loads
+    (its validation and the canvas's live split both ask for it)."""
+
+    has_high: bool
+    has_low: bool
+    default_boundary: float
+    boundary_known: bool = True  # False: the text-to-video boundary assumed (no header behind the MODELs)
+
+
 def default_boundary(architecture: ExpertArchitecture, declared: float | None = None) -> float:
     """The model's own boundary: what a diffusers folder declares, else the official one for the task."""
     return declared if declared is not None else DEFAULT_BOUNDARY[architecture.task]

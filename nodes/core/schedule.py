@@ -159,7 +159,6 @@ class LeadStage:
     end_step: int  # the lead steps run (its schedule's steps 0 to end_step)
     exact: bool  # its last step lands on the main start sigma exactly (else a last step of its own size)
     source: str = "MODEL"  # what the lead expert came from, for the report
-    model: Any = dataclasses.field(default=None, repr=False, compare=False)  # the lead's high-noise MODEL
     architecture: Any = dataclasses.field(default=None, compare=False)
 
     def stage_sigmas(self) -> tuple[float, ...]:
@@ -267,7 +266,7 @@ def sigma_values(sigmas) -> tuple[float, ...]:
 
 
 def add_lead(schedule: RunSchedule, *, lead_sigmas, steps: int, start_step: int, cfg: float, source: str = "MODEL",
-             model=None, architecture=None) -> RunSchedule:
+             architecture=None) -> RunSchedule:
     """The schedule with a lead stage in front: `lead_sigmas` are the lead's own schedule (`steps` + 1), or
     the function that computes them from the checked inputs."""
     check_lead_inputs(schedule, steps=steps, start_step=start_step, cfg=cfg)
@@ -278,7 +277,7 @@ def add_lead(schedule: RunSchedule, *, lead_sigmas, steps: int, start_step: int,
     end_step, exact = lead_hand_off(lead_sigmas, main_start)
     return schedule.with_lead(LeadStage(steps=int(steps), start_step=int(start_step), cfg=float(cfg),
                                         sigmas=lead_sigmas, main_start=main_start, end_step=end_step, exact=exact,
-                                        source=source, model=model, architecture=architecture))
+                                        source=source, architecture=architecture))
 
 
 def check_lead_inputs(schedule: RunSchedule | None, *, steps=None, start_step=None, cfg=None) -> None:

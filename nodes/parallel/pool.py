@@ -17,7 +17,6 @@ experts' weights never do: each worker loads them itself.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import shutil
 import signal
@@ -470,8 +469,9 @@ def release_on_termination() -> None:
 
 # --- one run ---
 
-def sample_on_workers(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict):
-    """The run on the plan's workers: rank 0's LATENT, and its record with each rank's figures."""
+def sample_on_workers(experts, schedule, lead_model, positive, negative, latent: dict, seed: int, cfg: dict):
+    """The run on the plan's workers: rank 0's LATENT, and its record with each rank's figures. The MODELs
+    (the experts', the lead's) go as what each worker loads again (model_spec)."""
     plan = experts.parallel_plan
     core.check_sequence(core.latent_tokens(latent["samples"].shape), plan.ulysses_degree)
     for name, conditioning in (("positive", positive), ("negative", negative)):
@@ -480,10 +480,8 @@ def sample_on_workers(experts, schedule, positive, negative, latent: dict, seed:
             raise Wan22InputError(name, f"carries {', '.join(carried)} (a ControlNet, hooks or GLIGEN node), which "
                                         "the workers cannot run: remove that node, or run without the parallel plan")
     specs = {role: model_spec(model, role) for role, model in experts.models().items()}
-    lead = schedule.lead
     job = {"experts": experts.replace(high=None, low=None, parallel_plan=None), "specs": specs,
-           "lead": model_spec(lead.model, "lead") if lead is not None else None,
-           "schedule": schedule.with_lead(dataclasses.replace(lead, model=None)) if lead is not None else schedule,
+           "lead": model_spec(lead_model, "lead") if lead_model is not None else None, "schedule": schedule,
            "positive": positive, "negative": negative, "latent": latent, "seed": int(seed), "cfg": dict(cfg)}
     ranks = pool_for(plan).run(job)
     record = ranks[0]["record"]

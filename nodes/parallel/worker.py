@@ -6,7 +6,6 @@ every sequence (sequence.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 
@@ -123,15 +122,14 @@ class Worker:
             del self.loaded[key]
         models = {role: self.model(spec) for role, spec in job["specs"].items()}
         experts = job["experts"].replace(high=models.get("high"), low=models.get("low"))
-        schedule = job["schedule"]
-        if job.get("lead") is not None:
-            schedule = schedule.with_lead(dataclasses.replace(schedule.lead, model=self.model(job["lead"])))
+        lead_model = self.model(job["lead"]) if job.get("lead") is not None else None
         split = SequenceParallel(self.rank, self.world, lambda: self.cancelled_run == job["run"])
         comfy.utils.set_progress_bar_global_hook(self.on_progress if self.rank == 0 else None)
         started = time.perf_counter()
         with torch.inference_mode():
-            latent, record = engine.sample(experts, schedule, job["positive"], job["negative"], job["latent"],
-                                           job["seed"], job["cfg"], attach=split.attach)
+            latent, record = engine.sample(experts, job["schedule"], job["positive"], job["negative"],
+                                           job["latent"], job["seed"], job["cfg"], attach=split.attach,
+                                           lead_model=lead_model)
         return {"latent": latent if self.rank == 0 else None, "record": record,
                 "seconds": time.perf_counter() - started, "comm_seconds": split.comm_seconds,
                 "contexts": split.contexts,

@@ -71,7 +71,8 @@ def test_the_schedule_holds_the_very_sigmas_ksampler_computes_on_the_shifted_exp
     prompt = schedule_prompt(bridged(*expert_files(tiny_models)), sampler=sampler, scheduler=scheduler, steps=13,
                              flow_shift=7.0)
     run_ok(comfyui, prompt)
-    our_schedule, _, _, sigmas_high, sigmas_low = (output[0] for output in comfyui.cached_output("2"))
+    handle, _, _, sigmas_high, sigmas_low = (output[0] for output in comfyui.cached_output("2"))
+    our_schedule = handle.schedule
     model = advanced.ModelSamplingSD3().patch(comfyui.cached_output("10")[0][0], 7.0)[0]
     theirs = comfy.samplers.KSampler(model, 13, "cpu", sampler, scheduler, denoise=1.0).sigmas
     assert our_schedule.sigmas == tuple(theirs.tolist())

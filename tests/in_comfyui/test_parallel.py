@@ -299,8 +299,9 @@ def test_conditioning_that_carries_models_of_its_own_is_refused_by_name(comfyui,
                                                          cpu_threads=1, gpus=0, cpus=2)
     text = torch.zeros(1, 512, 4096)
     with pytest.raises(errors.Wan22InputError) as refused:
-        parallel.sample_on_workers(SimpleNamespace(parallel_plan=plan), None, [[text, {}]], [[text, {key: object()}]],
-                        {"samples": torch.zeros(1, 16, 2, 4, 4)}, 0, {"high": 1.0, "low": 1.0})
+        parallel.sample_on_workers(SimpleNamespace(parallel_plan=plan), None, None, [[text, {}]],
+                                   [[text, {key: object()}]], {"samples": torch.zeros(1, 16, 2, 4, 4)}, 0,
+                                   {"high": 1.0, "low": 1.0})
     assert str(refused.value).startswith(f"negative: carries {key} (a ControlNet, hooks or GLIGEN node)")
 
 
