@@ -31,7 +31,8 @@ def native_server(native_text_server):
     return native_text_server
 
 
-def report_of(entry):
+def report_in_history(entry):
+    """The run report a text output of the prompt shows (the one that is JSON), read from its /history entry."""
     return json.loads(next(v for v in entry["outputs"].values() if "text" in v and v["text"][0].startswith("{"))
                       ["text"][0])
 
@@ -66,7 +67,7 @@ def test_every_native_text_workflow_runs_end_to_end(native_server, name):
     assert {v["class_type"] for v in prompt.values()} == {v["class_type"] for v in api_workflow(name).values()}
     entry = run_prompt(native_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
-    report = report_of(entry)
+    report = report_in_history(entry)
     assert report["steps"] == 8 and sum(report["split"].values()) == 8
 
 
@@ -86,7 +87,7 @@ def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_t
     assert {v["class_type"] for v in prompt.values()} == {v["class_type"] for v in api.values()}
     entry = run_prompt(native_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
-    report = report_of(entry)
+    report = report_in_history(entry)
     assert report["split"] == {"high": 2, "low": 2} and report["boundary_ratio"] == 0.875
     assert report["sigmas"] == [1.0, 0.9375, 0.833333, 0.625, 0.0]
     assert report["transformer_calls"] == {"high": 2, "low": 2}
@@ -100,7 +101,7 @@ def test_the_three_stage_lightx2v_workflow_runs_its_three_stages_split_from_the_
     assert (lead["lead_steps"], lead["start_step"], lead["cfg"]) == (24, 1, 3.5)
     entry = run_prompt(native_server, with_tiny_size(api, steps=None))
     assert entry["status"]["status_str"] == "success", entry["status"]
-    report = report_of(entry)
+    report = report_in_history(entry)
     assert report["split"] == {"lead": 3, "high": 3, "low": 4} and report["lead"]["hand_off_exact"] is True
     assert report["cfg"] == {"high": 1.0, "low": 1.0, "lead": 3.5}
     assert report["experts"]["lead"] == "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"
@@ -135,7 +136,7 @@ def test_the_parallel_workflow_runs_on_two_workers_over_http(native_server):
     loader.update(high_noise_model=TWO_HEAD_FILES["high"], low_noise_model=TWO_HEAD_FILES["low"])
     entry = run_prompt(native_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
-    report = report_of(entry)
+    report = report_in_history(entry)
     assert report["parallel"]["workers"] == 2 and report["parallel"]["devices"] == ["cpu", "cpu"]
     assert report["parallel"]["ranks_agree"] and report["steps"] == 8
 
@@ -152,7 +153,7 @@ def test_the_workflows_cheap_enough_here_finish_as_shipped(native_server, name):
     above at a tiny size."""
     entry = run_prompt(native_server, api_workflow(name))
     assert entry["status"]["status_str"] == "success", entry["status"]
-    assert report_of(entry)["split"] == AS_SHIPPED[name]
+    assert report_in_history(entry)["split"] == AS_SHIPPED[name]
 
 
 def readme_snippet() -> str:
