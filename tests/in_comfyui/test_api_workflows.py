@@ -21,24 +21,14 @@ def api_workflow(name):
         return json.load(f)
 
 
-@pytest.fixture(scope="module")
-def server(standin_server):
-    return standin_server
-
-
-@pytest.fixture(scope="module")
-def native_server(native_text_server):
-    return native_text_server
-
-
 def report_in_history(entry):
     """The run report a text output of the prompt shows (the one that is JSON), read from its /history entry."""
     return json.loads(next(v for v in entry["outputs"].values() if "text" in v and v["text"][0].startswith("{"))
                       ["text"][0])
 
 
-def test_the_demo_api_workflow_succeeds_and_reports_the_split_and_the_cache(server):
-    entry = run_prompt(server, api_workflow("wan22_tiny_demo"))
+def test_the_demo_api_workflow_succeeds_and_reports_the_split_and_the_cache(standin_server):
+    entry = run_prompt(standin_server, api_workflow("wan22_tiny_demo"))
     assert entry["status"]["status_str"] == "success"
     report = json.loads(entry["outputs"]["14"]["text"][0])
     assert report["split"] == {"high": 14, "low": 6} and report["cache"]["low"]["cached_steps"]
@@ -60,18 +50,18 @@ def with_tiny_size(prompt, steps=8):
 
 
 @pytest.mark.parametrize("name", NATIVE_TEXT)
-def test_every_native_text_workflow_runs_end_to_end(native_server, name):
+def test_every_native_text_workflow_runs_end_to_end(native_text_server, name):
     """Every node of the workflow as shipped, the native umt5 text encoder included (full-size stand-in),
     at a tiny video size: a 832x480x81 run takes about half an hour on two cores even with tiny experts."""
     prompt = with_tiny_size(api_workflow(name))
     assert {v["class_type"] for v in prompt.values()} == {v["class_type"] for v in api_workflow(name).values()}
-    entry = run_prompt(native_server, prompt)
+    entry = run_prompt(native_text_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_in_history(entry)
     assert report["steps"] == 8 and sum(report["split"].values()) == 8
 
 
-def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_template_files(native_server):
+def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_template_files(native_text_server):
     """ComfyUI's own Wan2.2 14B T2V template, 4-step LightX2V LoRAs: its own loader and LoRA nodes feed our
     bridge, and the switch comes from the boundary (0.875 -> 2 / 2), on stand-ins named as its files."""
     api = api_workflow("wan22_t2v_a14b_lightx2v_4steps")
@@ -85,7 +75,7 @@ def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_t
     assert (sampler["cfg_high"], sampler["cfg_low"]) == (1.0, 1.0)
     prompt = with_tiny_size(api, steps=4)
     assert {v["class_type"] for v in prompt.values()} == {v["class_type"] for v in api.values()}
-    entry = run_prompt(native_server, prompt)
+    entry = run_prompt(native_text_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_in_history(entry)
     assert report["split"] == {"high": 2, "low": 2} and report["boundary_ratio"] == 0.875
@@ -93,13 +83,13 @@ def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_t
     assert report["transformer_calls"] == {"high": 2, "low": 2}
 
 
-def test_the_three_stage_lightx2v_workflow_runs_its_three_stages_split_from_the_sigmas(native_server):
+def test_the_three_stage_lightx2v_workflow_runs_its_three_stages_split_from_the_sigmas(native_text_server):
     """Shift 5, 8 LightX2V steps, a lead of 24 steps handing over at step 1: 3 lead (CFG 3.5, without the LoRAs)
     / 3 high / 4 low, the hand-off exact (step 3 of 24 is step 1 of 8)."""
     api = api_workflow("wan22_t2v_a14b_lightx2v_3stage")
     lead = next(v for v in api.values() if v["class_type"] == "Wan22LeadStage")["inputs"]
     assert (lead["lead_steps"], lead["start_step"], lead["cfg"]) == (24, 1, 3.5)
-    entry = run_prompt(native_server, with_tiny_size(api, steps=None))
+    entry = run_prompt(native_text_server, with_tiny_size(api, steps=None))
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_in_history(entry)
     assert report["split"] == {"lead": 3, "high": 3, "low": 4} and report["lead"]["hand_off_exact"] is True
@@ -108,20 +98,20 @@ def test_the_three_stage_lightx2v_workflow_runs_its_three_stages_split_from_the_
     assert [u["file"] for u in report["loras"]["high"]] == []  # the LoRAs are the template's own nodes
 
 
-def test_the_template_with_the_cache_dit_model_node_runs_on_its_two_ksampleradvanced(native_server):
+def test_the_template_with_the_cache_dit_model_node_runs_on_its_two_ksampleradvanced(native_text_server):
     """The official template's graph as it ships (20 steps, switch at 10) with a Cache-DiT MODEL node on each
     expert: it runs, and each node reports its plan."""
     api = api_workflow("wan22_t2v_a14b_template_cachedit_model")
     kinds = sorted(v["class_type"] for v in api.values())
     assert kinds.count("Wan22CacheDiTModel") == 2 and kinds.count("KSamplerAdvanced") == 2
     assert not any(kind.startswith("Wan22") and kind != "Wan22CacheDiTModel" for kind in kinds)
-    entry = run_prompt(native_server, with_tiny_size(api))
+    entry = run_prompt(native_text_server, with_tiny_size(api))
     assert entry["status"]["status_str"] == "success", entry["status"]
     cache_nodes = [k for k, v in api.items() if v["class_type"] == "Wan22CacheDiTModel"]
     assert all("sized at each sample call" in entry["outputs"][k]["text"][0] for k in cache_nodes)
 
 
-def test_the_parallel_workflow_runs_on_two_workers_over_http(native_server):
+def test_the_parallel_workflow_runs_on_two_workers_over_http(native_text_server):
     """The text-to-video workflow with the parallel plan, posted to a real server: two CPU workers (devices
     'auto' on a machine without a GPU) run it, on the two-head stand-ins (the template's one-head stand-ins
     cannot be split), and the report names them."""
@@ -134,7 +124,7 @@ def test_the_parallel_workflow_runs_on_two_workers_over_http(native_server):
     prompt = with_tiny_size(api)
     loader = next(v for v in prompt.values() if v["class_type"] == "Wan22ExpertLoader")["inputs"]
     loader.update(high_noise_model=TWO_HEAD_FILES["high"], low_noise_model=TWO_HEAD_FILES["low"])
-    entry = run_prompt(native_server, prompt)
+    entry = run_prompt(native_text_server, prompt)
     assert entry["status"]["status_str"] == "success", entry["status"]
     report = report_in_history(entry)
     assert report["parallel"]["workers"] == 2 and report["parallel"]["devices"] == ["cpu", "cpu"]
@@ -147,11 +137,11 @@ AS_SHIPPED = {"wan22_t2v_a14b_lightx2v_4steps": {"high": 2, "low": 2}, "wan22_lo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(AS_SHIPPED))
-def test_the_workflows_cheap_enough_here_finish_as_shipped(native_server, name):
+def test_the_workflows_cheap_enough_here_finish_as_shipped(native_text_server, name):
     """Unchanged API files: the 4-step and the three-stage LightX2V videos (640x640, 81 frames) and the
     one-frame low-noise image. The two 40-step 832x480x81 videos take about half an hour each on two cores, so they run
     above at a tiny size."""
-    entry = run_prompt(native_server, api_workflow(name))
+    entry = run_prompt(native_text_server, api_workflow(name))
     assert entry["status"]["status_str"] == "success", entry["status"]
     assert report_in_history(entry)["split"] == AS_SHIPPED[name]
 
@@ -164,13 +154,13 @@ def readme_snippet() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readmes_api_snippet_works_on_a_repeated_prompt(server, monkeypatch, capsys):
+def test_the_readmes_api_snippet_works_on_a_repeated_prompt(standin_server, monkeypatch, capsys):
     """The README's own snippet, on the demo workflow, queued twice: the second time ComfyUI serves the whole
     prompt from its cache, and the snippet still reads the report."""
     snippet = readme_snippet()
     assert "wan22_t2v_a14b_cachedit.json" in snippet and "http://127.0.0.1:8188" in snippet
     snippet = snippet.replace("wan22_t2v_a14b_cachedit.json", "wan22_tiny_demo.json").replace(
-        "http://127.0.0.1:8188", server.url)
+        "http://127.0.0.1:8188", standin_server.url)
     monkeypatch.chdir(ROOT)
     for _ in range(2):
         exec(compile(snippet, "README.md", "exec"), {})

@@ -103,15 +103,10 @@ def named_field(answer, change, prompt) -> bool:
     return name in answer["input"] or name.split(".")[-1] in text or answer["input"] in through or given
 
 
-@pytest.fixture(scope="module")
-def server(tiny_models_server):
-    return tiny_models_server
-
-
 @pytest.mark.fuzz_examples(1000, 10000)
-def test_every_body_gets_a_split_or_a_400_naming_the_field(server, tiny_models, examples, fuzz_tally):
+def test_every_body_gets_a_split_or_a_400_naming_the_field(tiny_models_server, tiny_models, examples, fuzz_tally):
     bases = valid_bodies(tiny_models)
-    before = [answer_of(server, json.dumps(body).encode()) for body in bases]
+    before = [answer_of(tiny_models_server, json.dumps(body).encode()) for body in bases]
     assert all(status == 200 for status, _ in before), before
     near = near_values(tiny_models)
 
@@ -119,7 +114,7 @@ def test_every_body_gets_a_split_or_a_400_naming_the_field(server, tiny_models, 
     @given(st.one_of(*(mutated(base, near=near) for base in bases)))
     def check(case):
         body, changes = case
-        status, answer = answer_of(server, json.dumps(body, allow_nan=True).encode())
+        status, answer = answer_of(tiny_models_server, json.dumps(body, allow_nan=True).encode())
         fuzz_tally(str(status))
         if not isinstance(body, dict) or not isinstance(body.get("nodes"), list):
             assert status == 400, answer
@@ -129,14 +124,14 @@ def test_every_body_gets_a_split_or_a_400_naming_the_field(server, tiny_models, 
             assert named_field(answer, changes[0], body.get("prompt")), (changes, answer)
     check()
     # The server answers the valid bodies as before: nothing a refused body did stayed behind.
-    assert [answer_of(server, json.dumps(body).encode()) for body in bases] == before
+    assert [answer_of(tiny_models_server, json.dumps(body).encode()) for body in bases] == before
 
 
 @pytest.mark.fuzz_examples(200, 2000)
-def test_a_body_that_is_not_a_request_gets_a_400(server, tiny_models, examples, fuzz_tally):
+def test_a_body_that_is_not_a_request_gets_a_400(tiny_models_server, tiny_models, examples, fuzz_tally):
     """Bytes that are not JSON, JSON nested past any parser's depth, non-finite numbers, hostile texts."""
     first = valid_bodies(tiny_models)[0]
-    before = answer_of(server, json.dumps(first).encode())
+    before = answer_of(tiny_models_server, json.dumps(first).encode())
     deep = st.integers(1, 200_000).map(lambda depth: ("[" * depth + "]" * depth).encode())
     deep_objects = st.integers(1, 100_000).map(lambda depth: ('{"prompt":' * depth + "1" + "}" * depth).encode())
     texts = st.sampled_from(HOSTILE_TEXTS).map(lambda text: json.dumps(text).encode())
@@ -147,17 +142,17 @@ def test_a_body_that_is_not_a_request_gets_a_400(server, tiny_models, examples, 
     @settings(max_examples=examples)
     @given(deep | deep_objects | texts | numbers | broken | truncated)
     def check(data):
-        status, answer = answer_of(server, data)
+        status, answer = answer_of(tiny_models_server, data)
         fuzz_tally(str(status))
         assert status == 400 and answer["error"].startswith(f"{answer['input']}: "), answer
     check()
-    assert answer_of(server, json.dumps(first).encode()) == before
+    assert answer_of(tiny_models_server, json.dumps(first).encode()) == before
 
 
-def test_non_finite_numbers_in_a_valid_body_are_refused_by_name(server, tiny_models):
+def test_non_finite_numbers_in_a_valid_body_are_refused_by_name(tiny_models_server, tiny_models):
     high, low = expert_files(tiny_models)
     for name in ("flow_shift", "steps"):
         for value in (math.nan, math.inf, -math.inf):
             body = {"prompt": {"1": loader(high, low), "2": schedule("1", **{name: value})}, "nodes": ["2"]}
-            status, answer = answer_of(server, json.dumps(body).encode())
+            status, answer = answer_of(tiny_models_server, json.dumps(body).encode())
             assert status == 400 and answer["input"] == name, (name, value, answer)

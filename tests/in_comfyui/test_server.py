@@ -6,13 +6,8 @@ from .prompts import (bridged, cache_node, diffusers_loader, expert_files, loade
                       unet)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_models_server):
-    return tiny_models_server
-
-
-def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(server):
-    info = server.get("/object_info")
+def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(tiny_models_server):
+    info = tiny_models_server.get("/object_info")
     loader_info = info["Wan22ExpertLoader"]
     assert list(loader_info["input"]["required"]) == ["high_noise_model", "low_noise_model", "weight_dtype"]
     assert loader_info["output"] == ["WAN22_EXPERTS"] and loader_info["display_name"] == "Load Wan2.2 Experts"
@@ -38,24 +33,23 @@ def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(server
                                                                                                        "taylorseer"]
 
 
-def test_a_queued_prompt_runs_and_its_history_carries_the_split(server, tiny_models):
+def test_a_queued_prompt_runs_and_its_history_carries_the_split(tiny_models_server, tiny_models):
     names = tiny_models["names"]
-    status, body = server.queue(schedule_prompt(loader(names[("t2v", "high", "fp16")],
-                                                       names[("t2v", "low", "fp16")]), sampler="euler",
-                                                flow_shift=5.0))
+    experts = loader(names[("t2v", "high", "fp16")], names[("t2v", "low", "fp16")])
+    status, body = tiny_models_server.queue(schedule_prompt(experts, sampler="euler", flow_shift=5.0))
     assert status == 200, body
-    entry = server.wait(body["prompt_id"], timeout=1200)
+    entry = tiny_models_server.wait(body["prompt_id"], timeout=1200)
     assert entry["status"]["status_str"] == "success"
     assert entry["outputs"]["2"]["split"][0]["high"] == 17 and entry["outputs"]["2"]["split"][0]["low"] == 23
     assert entry["outputs"]["3"]["text"] == ["17"]
 
 
-def test_an_invalid_prompt_is_refused_at_queue_time_with_the_input_named(server, tiny_models):
-    status, body = server.queue(schedule_prompt(loader(low=tiny_models["broken"]["truncated"])))
+def test_an_invalid_prompt_is_refused_at_queue_time_with_the_input_named(tiny_models_server, tiny_models):
+    status, body = tiny_models_server.queue(schedule_prompt(loader(low=tiny_models["broken"]["truncated"])))
     assert status == 400
     errors = body["node_errors"]["1"]["errors"]
     assert any("low_noise_model:" in e["details"] and "truncated" in e["details"] for e in errors)
-    status, body = server.queue(schedule_prompt(loader()))
+    status, body = tiny_models_server.queue(schedule_prompt(loader()))
     assert status == 400 and "load at least one expert" in body["node_errors"]["1"]["errors"][0]["details"]
 
 
@@ -72,82 +66,83 @@ def split_request(server, experts, **schedule_inputs):
     return answer
 
 
-def test_the_live_split_route_answers_with_the_nodes_own_split(server, tiny_models):
+def test_the_live_split_route_answers_with_the_nodes_own_split(tiny_models_server, tiny_models):
     names = tiny_models["names"]
     high, low = expert_files(tiny_models)
-    assert split_request(server, loader(high, low), flow_shift=5.0)["high"] == 17
-    answer = split_request(server, loader(high, low), flow_shift=12.0)
+    assert split_request(tiny_models_server, loader(high, low), flow_shift=5.0)["high"] == 17
+    answer = split_request(tiny_models_server, loader(high, low), flow_shift=12.0)
     assert (answer["high"], answer["low"]) == (26, 14)
     assert answer["summary"] == "euler/simple, 40 steps, shift 12, boundary 0.875 (model_default): 26 high / 14 low"
-    answer = split_request(server, loader(high, low), sampler="unipc", flow_shift=5.0)
+    answer = split_request(tiny_models_server, loader(high, low), sampler="unipc", flow_shift=5.0)
     assert answer["summary"].startswith("uni_pc/simple") and answer["high"] == 18  # an old name, as the node runs it
     i2v = loader(names[("i2v", "high", "fp8_scaled")], names[("i2v", "low", "fp16")])
-    assert split_request(server, i2v, flow_shift=5.0)["boundary_ratio"] == 0.9
-    low_only = split_request(server, loader(low=low))
+    assert split_request(tiny_models_server, i2v, flow_shift=5.0)["boundary_ratio"] == 0.9
+    low_only = split_request(tiny_models_server, loader(low=low))
     assert (low_only["high"], low_only["low"], low_only["boundary_source"]) == (0, 40, "low_noise_only")
     folder = diffusers_loader(names[("i2v", "diffusers")])
-    answer = split_request(server, folder, boundary="custom", boundary_ratio=0.8)
+    answer = split_request(tiny_models_server, folder, boundary="custom", boundary_ratio=0.8)
     assert answer["boundary_source"] == "custom" and answer["boundary_ratio"] == 0.8
 
 
-def test_the_live_split_route_reads_the_bridges_files_and_passes_through_the_packs_nodes(server, tiny_models):
+def test_the_live_split_route_reads_the_bridges_files_and_passes_through_the_packs_nodes(tiny_models_server,
+                                                                                         tiny_models):
     names = tiny_models["names"]
     i2v_high = names[("i2v", "high", "fp16")]
     lora = {"high": (tiny_models["loras"]["high"], 1.0)}
     # The bridge: which MODEL inputs are connected, and the file behind them through a native LoRA loader.
-    answer = split_request(server, bridged(high=i2v_high, loras=lora), flow_shift=5.0)
+    answer = split_request(tiny_models_server, bridged(high=i2v_high, loras=lora), flow_shift=5.0)
     assert (answer["high"], answer["low"], answer["boundary_ratio"], answer["boundary_known"]) == (40, 0, None, True)
     experts = bridged(high=i2v_high, low=names[("i2v", "low", "fp16")], loras=lora)
-    answer = split_request(server, experts, flow_shift=5.0)
+    answer = split_request(tiny_models_server, experts, flow_shift=5.0)
     assert (answer["boundary_ratio"], answer["boundary_known"]) == (0.9, True)
     # A MODEL whose file the prompt does not show: the text-to-video boundary, said to be assumed.
     merged = {"class_type": "ModelMergeSimple", "inputs": {"model1": ["10", 0], "model2": ["11", 0], "ratio": 0.5}}
     unknown = {"10": unet(i2v_high), "11": unet(names[("i2v", "low", "fp16")]), "20": merged,
                "1": {"class_type": "Wan22ExpertsFromModel",
                      "inputs": {"high_noise_model": ["20", 0], "low_noise_model": ["20", 0]}}}
-    answer = split_request(server, unknown)
+    answer = split_request(tiny_models_server, unknown)
     assert (answer["high"], answer["boundary_ratio"], answer["boundary_known"]) == (26, 0.875, False)
     # Cache-DiT and LoRA nodes between the loader and the schedule give the experts through.
     chain = {"10": loader(*expert_files(tiny_models)), "11": lora_node("10"), "1": cache_node("11")}
-    assert split_request(server, chain)["high"] == 26
+    assert split_request(tiny_models_server, chain)["high"] == 26
 
 
-def test_the_live_split_route_explains_what_is_wrong(server, tiny_models):
+def test_the_live_split_route_explains_what_is_wrong(tiny_models_server, tiny_models):
     low = expert_files(tiny_models)[1]
-    assert "load at least one expert" in split_request(server, loader())["error"]
+    assert "load at least one expert" in split_request(tiny_models_server, loader())["error"]
     # ComfyUI's own validation, with the schedule node's ranges: what queueing the prompt would say.
-    assert split_request(server, loader(low=low), flow_shift=-1.0)["error"] == ("flow_shift: Value -1.0 smaller than "
-                                                                               "min of 0.01")
+    assert split_request(tiny_models_server, loader(low=low), flow_shift=-1.0)["error"] == (
+        "flow_shift: Value -1.0 smaller than min of 0.01")
     ksampler = {"class_type": "KSampler", "inputs": {}}
-    answer = split_request(server, ksampler)
+    answer = split_request(tiny_models_server, ksampler)
     assert answer["error"].startswith("experts: Return type mismatch between linked nodes")
     bridge = {"class_type": "Wan22ExpertsFromModel", "inputs": {}}
-    assert "connect the MODEL of at least one expert" in split_request(server, bridge)["error"]
-    answer = split_request(server, loader(low=low), scheduler="cosine")
+    assert "connect the MODEL of at least one expert" in split_request(tiny_models_server, bridge)["error"]
+    answer = split_request(tiny_models_server, loader(low=low), scheduler="cosine")
     assert answer["error"].startswith("scheduler: unknown scheduler 'cosine'") and answer["input"] == "scheduler"
     unconnected = schedule("1")
     del unconnected["inputs"]["experts"]
-    status, body = server.post("/wan22/split", {"prompt": {"2": unconnected, "3": loader(low=low)},
-                                                "nodes": ["2", "3"]})
+    status, body = tiny_models_server.post("/wan22/split", {"prompt": {"2": unconnected, "3": loader(low=low)},
+                                                            "nodes": ["2", "3"]})
     assert status == 400 and body["splits"]["2"]["error"] == "experts: Required input is missing"
     assert body["error"] == body["splits"]["2"]["error"]
     assert "is not a Wan2.2 Boundary & Flow Shift or Lead Stage node" in body["splits"]["3"]["error"]
-    linked = split_request(server, {"1": loader(low=low), "7": {"class_type": "PrimitiveInt", "inputs": {"value": 9}}},
-                           steps=["7", 0])
+    primitive = {"class_type": "PrimitiveInt", "inputs": {"value": 9}}
+    linked = split_request(tiny_models_server, {"1": loader(low=low), "7": primitive}, steps=["7", 0])
     assert linked["error"].startswith("steps: comes from another node")
     # A refusal on a node upstream names that node too.
-    answer = split_request(server, loader(low="missing.safetensors"))
+    answer = split_request(tiny_models_server, loader(low="missing.safetensors"))
     assert answer["input"] == "low_noise_model" and answer["node"] == "1"
     assert answer["error"].endswith("[on node 1, Wan22ExpertLoader]")
     for body, name in (({"nodes": ["2"]}, "prompt"), ({"prompt": {}, "nodes": "2"}, "nodes"), ([1, 2], "body"),
                        ({"prompt": {}, "nodes": ["2"]}, "nodes")):
-        status, answer = server.post("/wan22/split", body)
+        status, answer = tiny_models_server.post("/wan22/split", body)
         assert status == 400 and answer["input"] == name and answer["error"].startswith(f"{name}: ")
 
 
-def test_the_canvas_learns_the_old_sampler_names_from_the_server(server):
-    assert server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"},
-                                           "split_nodes": ["Wan22Schedule", "Wan22LeadStage"]}
+def test_the_canvas_learns_the_old_sampler_names_from_the_server(tiny_models_server):
+    assert tiny_models_server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"},
+                                                       "split_nodes": ["Wan22Schedule", "Wan22LeadStage"]}
 
 
 def hostile_bodies(tiny_models):
@@ -172,9 +167,9 @@ def hostile_bodies(tiny_models):
     ]
 
 
-def test_the_bodies_a_hostile_client_sent_are_refused_naming_the_field(server, tiny_models):
+def test_the_bodies_a_hostile_client_sent_are_refused_naming_the_field(tiny_models_server, tiny_models):
     for body, name in hostile_bodies(tiny_models):
-        status, answer = server.post("/wan22/split", body)
+        status, answer = tiny_models_server.post("/wan22/split", body)
         if name is None:  # keys the route does not read change nothing
             assert status == 200 and answer["splits"]["2"]["high"] == 26, answer
             continue
@@ -183,14 +178,14 @@ def test_the_bodies_a_hostile_client_sent_are_refused_naming_the_field(server, t
 
 @pytest.mark.parametrize("name,value", [("flow_shift", 1e308), ("flow_shift", 0.0), ("steps", 10**9), ("steps", -5),
                                         ("boundary.boundary_ratio", 1.5)])
-def test_the_route_refuses_a_value_out_of_range_as_the_prompt_queue_does(server, tiny_models, name, value):
+def test_the_route_refuses_a_value_out_of_range_as_the_prompt_queue_does(tiny_models_server, tiny_models, name, value):
     """The node schemas' ranges, read by ComfyUI's own validation: the route and POST /prompt say the same."""
     prompt = schedule_prompt(loader(*expert_files(tiny_models)), sampler="euler", boundary="custom")
     prompt["2"]["inputs"][name] = value
-    status, queued = server.queue(prompt)
+    status, queued = tiny_models_server.queue(prompt)
     assert status == 400, queued
     (error,) = queued["node_errors"]["2"]["errors"]
-    status, answer = server.post("/wan22/split", {"prompt": prompt, "nodes": ["2"]})
+    status, answer = tiny_models_server.post("/wan22/split", {"prompt": prompt, "nodes": ["2"]})
     assert status == 400 and answer["input"] == error["extra_info"]["input_name"] == name
     assert answer["error"] == f"{name}: {error['message']}" and error["details"] == name
     if value == 1e308:
