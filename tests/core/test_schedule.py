@@ -1,6 +1,8 @@
 """The boundary, its precedence and the split counted from a run's sigmas (no ComfyUI: the sigmas are
 given here; ComfyUI's own are checked in tests/in_comfyui)."""
 
+import copy
+import inspect
 import math
 
 import pytest
@@ -59,9 +61,34 @@ def test_each_stage_steps_through_its_side_of_the_switch_as_split_sigmas_cuts_it
     assert all_low.stage_sigmas("high") == (1.0,) and all_low.stage_sigmas("low") == LIGHTX2V
 
 
-def test_successive_schedules_with_different_boundaries_do_not_influence_each_other():
-    splits = [schedule_of(LIGHTX2V, custom=c).split for c in (0.95, None, 0.8, None)]
-    assert splits == [(1, 3), (2, 2), (3, 1), (2, 2)]
+def schedule_module_state() -> dict:
+    """Copies of what a build could leave behind in the schedule module: its data globals (a cache, a registry)
+    and its functions' default values (a default list a call appends to)."""
+    state = {}
+    for name, value in vars(S).items():
+        if name.startswith("__"):
+            continue
+        if inspect.isfunction(value) and value.__module__ == S.__name__:
+            state[name] = (value.__defaults__, value.__kwdefaults__)
+        elif isinstance(value, (dict, list, set, tuple, str, int, float, type(None))):
+            state[name] = value
+    return copy.deepcopy(state)
+
+
+def test_a_schedule_is_built_from_its_own_inputs_alone_and_leaves_nothing_behind():
+    """Successive builds, with other boundaries, experts and sigmas, each give what a build on its own gives
+    (here: the same builds in the reverse order); the module's globals and defaults are as before, and a
+    caller reusing its sigmas list afterwards changes no schedule built from it."""
+    cases = [dict(custom=0.95), dict(), dict(custom=0.8), dict(has_high=False), dict(default=0.95), dict()]
+    before = schedule_module_state()
+    given = [list(LIGHTX2V) for _ in cases]
+    built = [schedule_of(sigmas, **case) for sigmas, case in zip(given, cases)]
+    for sigmas in given:
+        sigmas[1:3] = [0.5, 0.4]
+    assert [s.split for s in built] == [(1, 3), (2, 2), (3, 1), (0, 4), (1, 3), (2, 2)]
+    assert all(s.sigmas == LIGHTX2V for s in built)
+    assert built == [schedule_of(LIGHTX2V, **case) for case in reversed(cases)][::-1]
+    assert schedule_module_state() == before
 
 
 @pytest.mark.parametrize("old,new", [("unipc", "uni_pc"), ("euler", "euler"), ("dpmpp", "dpmpp_2m")])
