@@ -12,6 +12,9 @@ const find = (type) => {
   return null;
 };
 """
+# The frontend's canvas modes: the classic litegraph canvas, and Vue nodes (nodes as DOM elements), as
+# mode -> its Comfy.VueNodes.Enabled setting.
+CANVAS_MODES = {"classic": False, "vue": True}
 STATUS = "node.widgets.find(w => w.name === 'wan22_status').element.textContent"
 
 
@@ -27,6 +30,21 @@ def node_of(page, node_type, expression):
 def status_of(page, node_type):
     """The text the pack's status widget shows on a node (the live split, what the last run did)."""
     return node_of(page, node_type, STATUS)
+
+
+# The status widget's element as the user sees it in the Vue-nodes mode: inside the node's own element, laid out,
+# not hidden.
+SHOWN = """
+const element = node.widgets.find(w => w.name === 'wan22_status').element;
+const box = element.getBoundingClientRect();
+const host = document.querySelector(`[data-node-id="${node.id}"]`);
+return { text: element.textContent, inNode: !!host && host.contains(element),
+         shown: element.offsetParent !== null && box.width > 0 && box.height > 0 };
+"""
+
+
+def shown(page, node_type):
+    return node_of(page, node_type, f"(() => {{ {SHOWN} }})()")
 
 
 def set_widget(page, node_type, name, value):

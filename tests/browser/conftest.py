@@ -6,6 +6,8 @@ import pytest
 
 from devtools.browser import browser, open_comfyui
 
+from .canvas import CANVAS_MODES
+
 FRONTENDS = {"pinned": "standin_server", "newest": "newest_frontend_server"}
 
 
@@ -20,8 +22,18 @@ def server(request, frontend):
 
 
 @pytest.fixture(scope="module")
-def page(server):
-    """A page per test module: Playwright's sync API holds an event loop while it runs, and ComfyUI's
-    in-process harness needs the thread's loop free once the browser tests are done."""
+def page(request, server):
+    """A page per test module, in the classic canvas unless the module asks for another mode
+    (`pytest.mark.parametrize("page", ["vue"], indirect=True)`); `page.canvas_mode` names it. Playwright's sync
+    API holds an event loop while it runs, and ComfyUI's in-process harness needs the thread's loop free once
+    the browser tests are done."""
+    mode = getattr(request, "param", "classic")
+    vue_nodes = CANVAS_MODES[mode]
     with browser() as instance:
-        yield open_comfyui(instance, server.url, settings={"Comfy.VueNodes.Enabled": False})
+        page = open_comfyui(instance, server.url, settings={"Comfy.VueNodes.Enabled": vue_nodes})
+        page.canvas_mode = mode
+        if vue_nodes:
+            assert page.evaluate("() => document.querySelectorAll('[data-node-id]').length") > 0  # Vue nodes shown
+        yield page
+    if vue_nodes:
+        server.post("/settings/Comfy.VueNodes.Enabled", False)

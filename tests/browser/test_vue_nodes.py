@@ -6,34 +6,12 @@ import os
 
 import pytest
 
-from devtools.browser import browser, open_comfyui
 from devtools.paths import ROOT
 
-from .canvas import (HOSTILE_MODEL, HOSTILE_SCHEDULER, hostile_names_show_as_text, load, node_of, set_widget, status_of,
-                     wait_for, wait_for_status)
+from .canvas import load, set_widget, shown, status_of, wait_for, wait_for_status
 
 DEMO = os.path.join(ROOT, "example_workflows", "wan22_tiny_demo.json")
-# The status widget's element as the user sees it: inside the node's own element, laid out, not hidden.
-SHOWN = """
-const element = node.widgets.find(w => w.name === 'wan22_status').element;
-const box = element.getBoundingClientRect();
-const host = document.querySelector(`[data-node-id="${node.id}"]`);
-return { text: element.textContent, inNode: !!host && host.contains(element),
-         shown: element.offsetParent !== null && box.width > 0 && box.height > 0 };
-"""
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    with browser() as instance:
-        page = open_comfyui(instance, server.url, settings={"Comfy.VueNodes.Enabled": True})
-        assert page.evaluate("() => document.querySelectorAll('[data-node-id]').length") > 0  # Vue nodes on screen
-        yield page
-    server.post("/settings/Comfy.VueNodes.Enabled", False)
-
-
-def shown(page, node_type):
-    return node_of(page, node_type, f"(() => {{ {SHOWN} }})()")
+pytestmark = pytest.mark.parametrize("page", ["vue"], indirect=True)
 
 
 def test_the_split_shows_on_the_vue_node_and_follows_its_widgets(page):
@@ -44,16 +22,6 @@ def test_the_split_shows_on_the_vue_node_and_follows_its_widgets(page):
                                             "inNode": True, "shown": True}
     set_widget(page, "Wan22Schedule", "flow_shift", 5.0)
     wait_for_status(page, "Wan22Schedule", "will run: 9 high / 11 low")
-
-
-def test_markup_in_a_model_name_and_a_scheduler_name_shows_as_text_on_the_vue_node(page):
-    with open(DEMO, encoding="utf-8") as f:
-        model, scheduler = hostile_names_show_as_text(page, json.load(f))
-    assert model["text"].startswith(f"split: high_noise_model: {HOSTILE_MODEL!r} is not in models/diffusion_models")
-    assert scheduler["text"].startswith(f"split: scheduler: unknown scheduler {HOSTILE_SCHEDULER!r}: use one of")
-    for text in (model, scheduler):
-        assert (text["children"], text["markup"], text["injected"]) == (0, 0, None)
-    assert shown(page, "Wan22Schedule")["inNode"] and shown(page, "Wan22Schedule")["shown"]
 
 
 def test_a_run_shows_its_split_and_the_cache_summary_on_the_vue_nodes(page, server, frontend):
