@@ -76,7 +76,7 @@ def measure(repeats: int, quick: bool) -> dict:
                 return out
             return call
         timed = interleaved(Timer(torch.device("cpu")), {n: recording(n, r) for n, r in variants.items()}, repeats)
-        pids = harness.pack("nodes.parallel.pool").worker_pids()
+        pids = harness.worker_pids()
         rss = {"driver": peak_rss_mb(), **{f"worker {i}": peak_rss_mb(pid) for i, pid in enumerate(pids)}}
         records = dict(runs.records)
         harness.pack("nodes.parallel.pool").release()

@@ -78,6 +78,13 @@ class InProcessComfy:
         """A module of the pack as ComfyUI loaded it (e.g. 'nodes.core.experts')."""
         return sys.modules[f"{self.pack_module.__name__}.{module}"]
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of the parallel plan's warm workers (none when released), read as the pack's pool
+        keeps them, under its lock: for the tests and the benchmarks (the pack itself never asks)."""
+        pool = self.pack("nodes.parallel.pool")
+        with pool._LOCK:
+            return list(pool._POOL.pids) if pool._POOL is not None else []
+
     def run(self, prompt: dict, executor=None) -> PromptResult:
         """Validates and executes an API-format prompt, as POST /prompt would."""
         executor = executor or self.executor

@@ -427,12 +427,6 @@ def release() -> None:
             _POOL.release()
 
 
-def worker_pids() -> list[int]:
-    """The process ids of the warm workers (none when released)."""
-    with _LOCK:
-        return list(_POOL.pids) if _POOL is not None else []
-
-
 atexit.register(release)
 
 

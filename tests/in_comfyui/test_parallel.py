@@ -116,9 +116,9 @@ def test_seeds_a_b_a_on_warm_workers(comfyui, tiny_models, parallel_experts):
         P.run_ok(comfyui, with_plan(two_heads(parallel_experts, tiny_models, seed=seed, cfg=(1.0, 1.0))))
         runs[i] = P.latent_of(comfyui, "5")
         if i == 0:
-            pids = parallel_module(comfyui).worker_pids()
+            pids = comfyui.worker_pids()
     assert torch.equal(runs[0], runs[2]) and not torch.equal(runs[0], runs[1])
-    assert parallel_module(comfyui).worker_pids() == pids  # the same warm workers served all three
+    assert comfyui.worker_pids() == pids  # the same warm workers served all three
 
 
 def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_experts):
@@ -135,8 +135,8 @@ def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_expert
     pids = None
     for shift in (5.0, 12.0):
         report = P.report_of(P.run_ok(comfyui, with_plan(prompts[shift])))
-        pids = pids or parallel_module(comfyui).worker_pids()
-        assert parallel_module(comfyui).worker_pids() == pids  # the same warm workers
+        pids = pids or comfyui.worker_pids()
+        assert comfyui.worker_pids() == pids  # the same warm workers
         parallel = report["parallel"]
         for stage in ("high", "low"):
             one = alone[shift]["cache"][stage]
@@ -164,7 +164,7 @@ def test_a_worker_killed_mid_run_is_a_clear_error_then_the_prompt_runs_clean(com
                                                                            progress_hook):
     prompt = with_plan(two_heads(parallel_experts, tiny_models, **LONG))
     P.run_ok(comfyui, prompt)  # warm workers
-    victim = parallel_module(comfyui).worker_pids()[1]
+    victim = comfyui.worker_pids()[1]
     killed = []
 
     def kill(value, total, node):
@@ -175,7 +175,7 @@ def test_a_worker_killed_mid_run_is_a_clear_error_then_the_prompt_runs_clean(com
     message = P.failed_at_run(comfyui, prompt)
     assert killed and time.monotonic() - killed[0] < 60
     assert "workers: worker 1 (cpu) stopped mid-run" in message and "next run starts fresh ones" in message
-    assert no_process_left(parallel_module(comfyui).worker_pids() + [victim]) == []
+    assert no_process_left(comfyui.worker_pids() + [victim]) == []
     progress_hook.clear()
     P.run_ok(comfyui, prompt)
     after = P.latent_of(comfyui, "5")
@@ -195,7 +195,7 @@ def test_an_interrupt_stops_every_worker_then_the_prompt_runs_clean(comfyui, tin
     prompt = with_plan(two_heads(parallel_experts, tiny_models, **LONG))
     P.run_ok(comfyui, prompt)
     clean = P.latent_of(comfyui, "5")
-    pids = parallel_module(comfyui).worker_pids()
+    pids = comfyui.worker_pids()
 
     def interrupt(value, total, node):
         if node == "5" and value >= 2:
@@ -207,7 +207,7 @@ def test_an_interrupt_stops_every_worker_then_the_prompt_runs_clean(comfyui, tin
     assert result.valid and not result.success
     assert any(event == "execution_interrupted" for event, _ in result.messages)
     progress_hook.clear()
-    assert parallel_module(comfyui).worker_pids() == pids  # they stopped together and stay warm
+    assert comfyui.worker_pids() == pids  # they stopped together and stay warm
     P.run_ok(comfyui, prompt)
     assert torch.equal(clean, P.latent_of(comfyui, "5"))
 
@@ -218,14 +218,14 @@ def test_no_worker_is_left_after_the_plan_is_removed_or_comfyui_unloads_models(c
 
     prompt = two_heads(parallel_experts, tiny_models)
     P.run_ok(comfyui, with_plan(prompt))
-    pids = parallel_module(comfyui).worker_pids()
+    pids = comfyui.worker_pids()
     assert len(pids) == 2 and no_process_left(pids, within=0) == pids
     P.run_ok(comfyui, prompt)  # the same graph without the plan
-    assert parallel_module(comfyui).worker_pids() == [] and no_process_left(pids) == []
+    assert comfyui.worker_pids() == [] and no_process_left(pids) == []
     P.run_ok(comfyui, with_plan(prompt))
-    pids = parallel_module(comfyui).worker_pids()
+    pids = comfyui.worker_pids()
     comfy.model_management.unload_all_models()  # what Unload Models and /free do
-    assert parallel_module(comfyui).worker_pids() == [] and no_process_left(pids) == []
+    assert comfyui.worker_pids() == [] and no_process_left(pids) == []
 
 
 @pytest.mark.parametrize("plan, words", [
@@ -280,7 +280,7 @@ def test_an_attention_override_on_the_model_is_the_splits_inner_attention_equal_
     record.unlink()
     P.run_ok(comfyui, with_plan(prompt))
     assert near_one_process(P.latent_of(comfyui, "5"), alone)
-    workers = parallel_module(comfyui).worker_pids()
+    workers = comfyui.worker_pids()
     calls = [line.split() for line in record.read_text().splitlines()]
     assert {int(pid) for pid, _, _ in calls} == set(workers)  # run by the workers, none by this process
     heads = {(int(pid), int(h)) for pid, h, _ in calls}

@@ -127,7 +127,7 @@ def test_a_warm_pool_opens_no_store_and_beyond_loopback_only_rays_authenticated_
     import ray
 
     P.run_ok(comfyui, with_plan(two_heads(parallel_experts, tiny_models, cfg=(1.0, 1.0))))
-    workers = parallel_module(comfyui).worker_pids()
+    workers = comfyui.worker_pids()
     assert len(workers) == 2
     drivers = [p.pid for p in driver_processes()]
     assert len(drivers) == 1 and not ray.is_initialized(), "Ray's driver runs in a process of its own, not ComfyUI's"
@@ -167,7 +167,7 @@ def refused_before_any_worker(comfyui, prompt) -> str:
     import ray
 
     message = P.failed_at_run(comfyui, prompt)
-    assert parallel_module(comfyui).worker_pids() == [] and driver_processes() == [] and not ray.is_initialized(), \
+    assert comfyui.worker_pids() == [] and driver_processes() == [] and not ray.is_initialized(), \
         "nothing may start"
     return message
 
