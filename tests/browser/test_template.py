@@ -136,7 +136,7 @@ def test_the_cache_dit_model_node_in_the_official_template_off_is_the_template_b
     theirs, _ = run_for_latent(native_text_server, saving_the_latent(template_prompt, [low_id, 0], "template/theirs"))
     cached, entry = run_for_latent(native_text_server, saving_the_latent(with_model_caches(template_prompt),
                                                                          [low_id, 0], "template/model_cache"))
-    assert all("sized at each sample call" in entry["outputs"][n]["text"][0] for n in ("950", "951"))
+    assert all("a context of its own for each sample call" in entry["outputs"][n]["text"][0] for n in ("950", "951"))
     assert not torch.equal(cached, theirs)
     off, _ = run_for_latent(native_text_server, saving_the_latent(with_model_caches(template_prompt, enabled=False),
                                                                   [low_id, 0], "template/model_cache_off"))

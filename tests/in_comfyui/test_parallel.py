@@ -123,8 +123,8 @@ def test_seeds_a_b_a_on_warm_workers(comfyui, tiny_models, parallel_experts):
 
 def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_experts):
     """euler/simple, 40 steps, flow shift 5 then 12 on the same warm workers: every rank's contexts, read
-    from cache-dit inside the worker while its stage ran, are sized with that stage's evaluations, every rank
-    has the whole sequence's residual statistic, and the cached steps are one process's."""
+    from cache-dit inside the worker while its stage ran, are one fresh context per stage, every rank has the
+    whole sequence's residual statistic, and the cached steps are one process's."""
     prompts, alone, alone_latent = {}, {}, {}
     for shift in (5.0, 12.0):  # one process first: a run without the plan releases the workers
         prompts[shift] = two_heads(parallel_experts, tiny_models, sampler="euler", steps=40, flow_shift=shift,
