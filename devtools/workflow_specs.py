@@ -96,13 +96,13 @@ def t2v() -> dict:
 
 def t2v_parallel() -> dict:
     """The text-to-video workflow with the parallel plan between the cache and the sampler: two workers on this
-    machine's GPUs (or its CPU), each expert's sequence split between them."""
+    machine's GPUs (or its CPU), split `auto`: at its CFG 4 / 3 each worker runs one prompt of each evaluation."""
     high, low = T2V_EXPERTS
     nodes = native_text("A red fox trots through fresh snow in a birch forest at sunrise, its breath visible, "
                         "the camera tracking beside it at ground level.")
     nodes += experts_schedule_cache("t2v", high, low, "uni_pc", 40, 12.0)
     nodes.append(node(15, "Wan22ParallelPlan", [20, 760], {"workers": 2, "devices": "auto", "ulysses_degree": 2,
-                                                          "cpu_threads": 0}, {"experts": (6, 0)}))
+                                                          "cpu_threads": 0, "split": "auto"}, {"experts": (6, 0)}))
     nodes.append(node(7, "EmptyHunyuanLatentVideo", [880, 40], {"width": 832, "height": 480, "length": 81,
                                                                "batch_size": 1}))
     nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (4.0, 3.0), True, "video/wan22_t2v_parallel",

@@ -1,5 +1,6 @@
 """Wan2.2 Parallel Plan: puts a parallel plan on a new experts handle; the sampler then runs each stage on the
-plan's workers, the token sequence split across them (Ulysses sequence parallelism)."""
+plan's workers, the token sequence split across them (Ulysses sequence parallelism) or, at CFG above 1, each
+evaluation's two prompts (CFG parallel)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class Wan22ParallelPlan(io.ComfyNode):
             category=CATEGORY,
             description="Runs the sampler's stages on several workers (Ray actors, one per device, in one "
                         "torch.distributed group), each expert's token sequence split across them with Ulysses "
-                        "attention. Each worker loads the experts itself from the same files and keeps them loaded "
+                        "attention, or at CFG above 1 each evaluation's two prompts (split). Each worker loads the "
+                        "experts itself from the same files and keeps them loaded "
                         "between runs of this plan. Needs Ray and yunchang: " + core.INSTALL + ".",
             inputs=[
                 ExpertsType.Input("experts", tooltip="The experts (with their LoRAs and Cache-DiT plan, if any); the "
@@ -43,6 +45,12 @@ class Wan22ParallelPlan(io.ComfyNode):
                 io.Int.Input("cpu_threads", default=0, min=0, max=1024, advanced=True,
                              tooltip="Torch threads per CPU worker (at most this machine's cores); 0 shares the cores "
                                      "among the workers."),
+                io.Combo.Input("split", options=list(core.SPLITS), default="auto", optional=True,
+                               tooltip="How the workers share a stage. auto: 'cfg' at a stage whose CFG is above 1 "
+                                       "with two workers, else 'ulysses'. cfg: each evaluation's positive and "
+                                       "negative prompt on a worker of its own (two workers; a stage at CFG 1 has "
+                                       "one prompt and splits its sequence). ulysses: each sequence split over "
+                                       "every worker. Workflows saved before this input keep 'ulysses'."),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The same experts, with the plan: connect "
                                                                         "them to the sampler.")],
@@ -53,15 +61,16 @@ class Wan22ParallelPlan(io.ComfyNode):
         return linked_only(experts=experts)
 
     @classmethod
-    def execute(cls, experts, workers, devices, ulysses_degree, cpu_threads=0) -> io.NodeOutput:
+    def execute(cls, experts, workers, devices, ulysses_degree, cpu_threads=0,
+                split=core.SAVED_SPLIT) -> io.NodeOutput:
         linked_given(experts=experts)
         plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
                               heads=experts.architecture.heads, cpu_threads=cpu_threads,
                               gpus=gpus_here(), cpus=os.cpu_count() or 1,
-                              cluster=bool(os.environ.get("RAY_ADDRESS")))
+                              cluster=bool(os.environ.get("RAY_ADDRESS")), split=split)
         from .parallel.pool import ray_module
 
         ray_module()  # says how to install Ray when it is missing, before any run
-        text = (f"{plan.workers} workers on {', '.join(plan.devices)} ({plan.backend}), Ulysses degree "
-                f"{plan.ulysses_degree}")
+        text = (f"{plan.workers} workers on {', '.join(plan.devices)} ({plan.backend}), split {plan.split}, "
+                f"Ulysses degree {plan.ulysses_degree}")
         return io.NodeOutput(experts.replace(parallel_plan=plan), ui={"text": [text]})

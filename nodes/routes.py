@@ -23,6 +23,7 @@ import execution
 import nodes as comfyui_nodes
 
 from . import schedule_nodes, sigmas
+from .core import parallel as core_parallel
 from .core import schedule as core_schedule
 from .core.errors import Wan22InputError, cut
 from .core.experts import ExpertsPreview
@@ -35,6 +36,9 @@ CANVAS_ROUTE = "/wan22/canvas"
 # (`make demo` says that only its workflow runs on its tiny stand-ins).
 SERVER_NOTE = "WAN22_SERVER_NOTE"
 SCHEDULE_INPUTS = ("sampler", "steps", "flow_shift", "scheduler")
+# Inputs added to a node after workflows were saved with it: how many widget values such a workflow has, and
+# what the new widgets run with there (their default is for new workflows).
+ADDED_INPUTS = {"Wan22ParallelPlan": {"saved_length": 4, "values": [core_parallel.SAVED_SPLIT]}}
 
 
 def passes_experts(kind: str) -> bool:
@@ -219,4 +223,4 @@ async def split(request: web.Request) -> web.Response:
 async def canvas(_request: web.Request) -> web.Response:
     return web.json_response({"old_samplers": {old: new for old, new in core_schedule.OLD_SAMPLERS.items()
                                                if old != new}, "split_nodes": list(SPLIT_NODES),
-                              "server_note": os.environ.get(SERVER_NOTE) or None})
+                              "server_note": os.environ.get(SERVER_NOTE) or None, "added_inputs": ADDED_INPUTS})

@@ -15,6 +15,14 @@ DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 INSTALL = "pip install 'ray>=2.60' yunchang (into ComfyUI's Python), then restart ComfyUI"
 
 
+# How a stage's work is shared: "ulysses" splits each sequence over every worker; "cfg" gives the positive and
+# the negative prompt of each evaluation to different workers (two workers: one prompt each), at a stage whose
+# CFG is above 1 (at CFG 1 there is one prompt: the stage splits its sequence); "auto" picks per stage.
+SPLITS = ("auto", "ulysses", "cfg")
+SAVED_SPLIT = "ulysses"  # what workflows saved before the split input run with
+CFG_WORKERS = 2  # the CFG split shares the two prompts of an evaluation between two workers
+
+
 @dataclass(frozen=True)
 class ParallelPlan:
     """`devices`: one per worker, "cpu", "cuda:N" (that GPU) or "cuda" (a GPU the Ray cluster picks)."""
@@ -23,6 +31,7 @@ class ParallelPlan:
     devices: tuple[str, ...]
     ulysses_degree: int
     cpu_threads: int  # torch threads per CPU worker
+    split: str = SAVED_SPLIT
 
     @property
     def backend(self) -> str:
@@ -30,7 +39,13 @@ class ParallelPlan:
 
     def summary(self) -> dict:
         return {"workers": self.workers, "devices": list(self.devices), "ulysses_degree": self.ulysses_degree,
-                "backend": self.backend, "cpu_threads": self.cpu_threads if self.backend == "gloo" else None}
+                "split": self.split, "backend": self.backend,
+                "cpu_threads": self.cpu_threads if self.backend == "gloo" else None}
+
+    def stage_split(self, cfg: float) -> str:
+        """What a stage at this CFG uses: "cfg" (its two prompts on the two workers) or "ulysses"."""
+        return "cfg" if self.split in ("auto", "cfg") and float(cfg) > 1.0 and self.workers == CFG_WORKERS \
+            else "ulysses"
 
 
 def head_divisors(heads: int) -> list[int]:
@@ -88,10 +103,16 @@ def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int, cluster: 
 
 
 def make_plan(*, workers: int, devices: str, ulysses_degree: int, heads: int, cpu_threads: int, gpus: int,
-              cpus: int, cluster: bool = False) -> ParallelPlan:
+              cpus: int, cluster: bool = False, split: str = SAVED_SPLIT) -> ParallelPlan:
     """The plan, every value checked and refused by its input name before any worker starts: no more CPU
     workers or threads than the cores, no GPU this process does not see (see parse_devices)."""
     workers, degree = int(workers), int(ulysses_degree)
+    if split not in SPLITS:
+        raise Wan22InputError("split", f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
+    if split == "cfg" and int(workers) != CFG_WORKERS:
+        raise Wan22InputError("split", f"the CFG split shares the two prompts of each evaluation between "
+                                       f"{CFG_WORKERS} workers, not {workers}: use {CFG_WORKERS} workers, or the "
+                                       "'ulysses' or 'auto' split")
     if not 2 <= workers <= MAX_WORKERS:
         raise Wan22InputError("workers", f"{workers} workers: use between 2 and {MAX_WORKERS} (one run on one "
                                          "device needs no plan)")
@@ -113,7 +134,7 @@ def make_plan(*, workers: int, devices: str, ulysses_degree: int, heads: int, cp
         raise Wan22InputError("cpu_threads", f"{cpu_threads} threads: use 0 (share the cores) up to this "
                                              f"machine's {cpus} cores")
     threads = int(cpu_threads) or max(1, cpus // workers)
-    return ParallelPlan(workers=workers, devices=devices, ulysses_degree=degree, cpu_threads=threads)
+    return ParallelPlan(workers=workers, devices=devices, ulysses_degree=degree, cpu_threads=threads, split=split)
 
 
 def latent_tokens(shape, patch=(1, 2, 2)) -> int:
@@ -150,6 +171,7 @@ def parallel_report(plan: ParallelPlan, ranks: list[dict]) -> dict:
         # (the reduced whole sequence's), never a shard's own
         "residual_diffs": [r.get("residual_diffs", {}) for r in ranks],
         "contexts": [r["contexts"] for r in ranks],  # per stage: the cache's contexts as each rank saw them
+        "stage_splits": ranks[0].get("splits", {}),  # per stage: "cfg" or "ulysses", as the workers ran it
         "ranks_agree": all((r["cached_steps"], r.get("residual_diffs")) == (ranks[0]["cached_steps"],
                                                                            ranks[0].get("residual_diffs"))
                            for r in ranks),

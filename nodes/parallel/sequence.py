@@ -15,9 +15,15 @@ time, and is removed when the call returns:
   in a collective for one that stopped, and on the call's batch: ComfyUI batches the prompts by each process's
   free memory, and ranks that batched them differently would exchange shards of different sizes.
 
-cache-dit, when the stage is cached, sees only this rank's shard; it averages its residual statistic over the
-ranks itself (it does so whenever torch.distributed has more than one rank), and with equal shards the average
-of each rank's mean is the whole sequence's mean, so every rank makes the decision one process would make.
+At a stage whose split is "cfg" (core/parallel.py: a stage at CFG above 1, two workers), a call that carries
+the evaluation's two prompts batched gives each rank one of them instead: every per-prompt input is cut to the
+rank's prompt, the rank runs the whole sequence for it, and the outputs are gathered back in ComfyUI's prompt
+order. A call with one prompt (ComfyUI runs them one by one when memory is short) is split as above.
+
+cache-dit, when the stage is cached, sees only this rank's shard (of the sequence, or of the prompts); it
+averages its residual statistic over the ranks itself (the mean difference and the mean magnitude, each
+averaged whenever torch.distributed has more than one rank), and with equal shards the average of each rank's
+mean is the whole call's mean, so every rank makes the decision one process would make.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from .. import cache_dit_backend
 from ..block_forwards import SwappedForwards
 from ..core import parallel as core
 from ..core.errors import Wan22InputError
-from ..wrapper_calls import call_argument
+from ..wrapper_calls import call_argument, with_argument
 
 KEY = "wan22_sequence_parallel"
 WrappersMP = comfy.patcher_extension.WrappersMP
@@ -50,9 +56,11 @@ class SequenceParallel:
     collectives, `contexts` each stage's cache-dit contexts (their settings) as this rank read them from
     cache-dit while the stage ran."""
 
-    def __init__(self, rank: int, world: int, cancelled):
+    def __init__(self, rank: int, world: int, cancelled, splits: dict[str, str] | None = None):
         self.rank, self.world = rank, world
         self.cancelled = cancelled  # () -> bool: this run was cancelled
+        self.splits = dict(splits or {})  # stage -> "cfg" | "ulysses" (core.ParallelPlan.stage_split)
+        self.ran: dict[str, set] = {}  # stage -> the splits its calls really ran with
         self.comm_seconds = 0.0
         self.contexts: dict[str, list] = {}
         self.in_self_attention = False
@@ -90,22 +98,55 @@ class SequenceParallel:
                                              f"{most}: ComfyUI batches them by each process's free memory): give "
                                              "every worker a device with the same free memory, or run at CFG 1")
 
-    def gather(self, x: torch.Tensor) -> torch.Tensor:
+    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         parts = [torch.empty_like(x) for _ in range(self.world)]
         self.timed(dist.all_gather, parts, x.contiguous())
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=dim)
 
     # --- one transformer call ---
 
     def diffusion_model_call(self, stage, executor, *args, **kwargs):
-        self.agree(int(call_argument(executor, args, kwargs, "x").shape[0]))
+        batch = int(call_argument(executor, args, kwargs, "x").shape[0])
+        self.agree(batch)
+        options = call_argument(executor, args, kwargs, "transformer_options")
+        if stage not in self.contexts:
+            self.contexts[stage] = cache_dit_backend.contexts(executor.class_obj)
+        prompts = options.get("cond_or_uncond") or ()
+        if self.splits.get(stage) == "cfg" and len(prompts) == self.world and batch % self.world == 0:
+            self.ran.setdefault(stage, set()).add("cfg")
+            return self.prompt_call(executor, args, kwargs, batch)
+        self.ran.setdefault(stage, set()).add("ulysses")
+        return self.sequence_call(executor, args, kwargs)
+
+    def stage_splits(self) -> dict[str, str]:
+        """What each stage's calls ran with: "cfg", "ulysses", or "cfg+ulysses" where some calls carried one
+        prompt."""
+        return {stage: "+".join(sorted(kinds)) for stage, kinds in self.ran.items()}
+
+    def prompt_call(self, executor, args, kwargs, batch: int):
+        """A call with the evaluation's prompts batched: this rank's prompt, the whole sequence, gathered."""
+        part = slice(self.rank * batch // self.world, (self.rank + 1) * batch // self.world)
+
+        def own(value):
+            return value[part] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch \
+                else value
+        options = dict(call_argument(executor, args, kwargs, "transformer_options"))
+        for name in ("cond_or_uncond", "uuids"):  # per prompt, in the batch's order
+            if isinstance(options.get(name), list) and len(options[name]) == self.world:
+                options[name] = options[name][self.rank:self.rank + 1]
+        if isinstance(options.get("sigmas"), torch.Tensor):
+            options["sigmas"] = own(options["sigmas"])
+        args = tuple(own(a) for a in args)
+        kwargs = {k: own(v) for k, v in kwargs.items()}
+        args, kwargs = with_argument(executor, args, kwargs, "transformer_options", options)
+        return self.gather(executor(*args, **kwargs), dim=0)
+
+    def sequence_call(self, executor, args, kwargs):
         options = call_argument(executor, args, kwargs, "transformer_options")
         inner = options.get("optimized_attention_override")
         self.inner = None if getattr(inner, "__self__", None) is self else inner
         options["optimized_attention_override"] = self.attention
         diffusion_model = executor.class_obj
-        if stage not in self.contexts:
-            self.contexts[stage] = cache_dit_backend.contexts(diffusion_model)
         entries = SwappedForwards(diffusion_model.blocks, self.entry_forward)
         hooks = []
         try:

@@ -123,7 +123,7 @@ class Worker:
         models = {role: self.model(spec) for role, spec in job["specs"].items()}
         experts = job["experts"].replace(high=models.get("high"), low=models.get("low"))
         lead_model = self.model(job["lead"]) if job.get("lead") is not None else None
-        split = SequenceParallel(self.rank, self.world, lambda: self.cancelled_run == job["run"])
+        split = SequenceParallel(self.rank, self.world, lambda: self.cancelled_run == job["run"], job.get("splits"))
         comfy.utils.set_progress_bar_global_hook(self.on_progress if self.rank == 0 else None)
         started = time.perf_counter()
         with torch.inference_mode():
@@ -132,6 +132,6 @@ class Worker:
                                            lead_model=lead_model)
         return {"latent": latent if self.rank == 0 else None, "record": record,
                 "seconds": time.perf_counter() - started, "comm_seconds": split.comm_seconds,
-                "contexts": split.contexts,
+                "contexts": split.contexts, "splits": split.stage_splits(),
                 "cached_steps": {stage: stats.get("cached_steps", []) for stage, stats in record.cache.items()},
                 "residual_diffs": {stage: stats.get("residual_diffs", {}) for stage, stats in record.cache.items()}}

@@ -312,3 +312,20 @@ def test_the_extensions_test_counters_are_not_in_a_users_page(page, server):
         assert page.evaluate("() => typeof window.wan22Canvas") == "object"
     finally:
         plain.close()
+
+
+def test_a_parallel_plan_saved_before_the_split_input_keeps_ulysses_and_a_new_one_takes_auto(page):
+    """A workflow saved with the plan node's four values of before the split input runs as it ran (ulysses),
+    while a plan node added now starts at auto."""
+    workflow = shipped("wan22_t2v_a14b_parallel")
+    plan = next(n for n in workflow["nodes"] if n["type"] == "Wan22ParallelPlan")
+    assert plan["widgets_values"] == [2, "auto", 2, 0, "auto"]  # as shipped now
+    plan["widgets_values"] = plan["widgets_values"][:4]  # as saved before the split input
+    load(page, workflow)
+    assert widget_values(page, "Wan22ParallelPlan")["split"] == "ulysses"
+    assert frontend_prompt(page)["15"]["inputs"]["split"] == "ulysses"
+    added = page.evaluate("""() => {
+        const node = LiteGraph.createNode("Wan22ParallelPlan");
+        return node.widgets.find((w) => w.name === "split").value;
+    }""")
+    assert added == "auto"

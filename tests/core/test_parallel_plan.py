@@ -95,6 +95,27 @@ def test_the_report_gives_each_ranks_time_and_communication_share():
     assert not parallel.parallel_report(p, ranks)["ranks_agree"]
 
 
+def test_each_stage_splits_its_prompts_at_cfg_above_one_with_two_workers_else_its_sequence():
+    auto = plan(split="auto")
+    assert (auto.stage_split(3.5), auto.stage_split(1.0), auto.stage_split(1.01)) == ("cfg", "ulysses", "cfg")
+    assert plan(workers=4, ulysses_degree=4, split="auto").stage_split(3.5) == "ulysses"  # no mesh (yet)
+    assert plan(split="cfg").stage_split(1.0) == "ulysses"  # one prompt: nothing to share but the sequence
+    assert plan().split == "ulysses" and plan().stage_split(4.0) == "ulysses"  # what saved workflows ran with
+    assert plan(split="cfg").summary()["split"] == "cfg"
+
+
+def test_a_split_that_cannot_run_is_refused_by_name():
+    assert refusal(split="sideways").startswith("split: unknown split 'sideways': use one of auto, ulysses, cfg")
+    assert refusal(workers=4, ulysses_degree=4, split="cfg").startswith(
+        "split: the CFG split shares the two prompts of each evaluation between 2 workers, not 4")
+
+
+def test_the_report_says_how_each_stage_was_split():
+    ranks = [{"seconds": 1.0, "comm_seconds": 0.1, "cached_steps": {}, "contexts": {},
+              "splits": {"high": "cfg", "low": "ulysses"}}] * 2
+    assert parallel.parallel_report(plan(split="auto"), ranks)["stage_splits"] == {"high": "cfg", "low": "ulysses"}
+
+
 def test_a_refusal_crosses_processes_as_it_was_raised():
     """A worker's refusal reaches ComfyUI pickled (parallel/worker.py -> driver -> ComfyUI): the same input name
     and text, not a TypeError from rebuilding it with one argument."""

@@ -143,7 +143,9 @@ def test_the_live_split_route_explains_what_is_wrong(tiny_models_server, tiny_mo
 def test_the_canvas_learns_the_old_sampler_names_from_the_server(tiny_models_server):
     assert tiny_models_server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"},
                                                        "split_nodes": ["Wan22Schedule", "Wan22LeadStage"],
-                                                       "server_note": None}  # no WAN22_SERVER_NOTE here
+                                                       "server_note": None,  # no WAN22_SERVER_NOTE here
+                                                       "added_inputs": {"Wan22ParallelPlan": {
+                                                           "saved_length": 4, "values": ["ulysses"]}}}
 
 
 def hostile_bodies(tiny_models):

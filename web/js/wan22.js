@@ -19,7 +19,8 @@ const REFRESH_DELAY_MS = 150;
 
 // served by GET /wan22/canvas; server_note: what the server's operator says of it (the demo server: which
 // workflows it can run), shown when the page opens and after a failed run
-const canvasInfo = { old_samplers: {}, split_nodes: [SCHEDULE], server_note: null };
+// added_inputs: per node type, the widget values a workflow saved before an input was added runs with
+const canvasInfo = { old_samplers: {}, split_nodes: [SCHEDULE], server_note: null, added_inputs: {} };
 const scheduleDefaults = {}; // input name -> default, from the server's node definition
 // Counters the browser tests wait on (never a fixed sleep): refreshes asked for, replies handled. Exposed only
 // on a page the tests opened (they set window.wan22Testing before any script runs), never in a user's page.
@@ -185,9 +186,19 @@ function restoreSavedValues(node, info) {
   });
 }
 
+// A node saved before an input was added has fewer values than widgets: the new widget would take its default
+// for new workflows; the saved workflow keeps what it ran with (the server's added_inputs say it).
+function withAddedInputs(node) {
+  const added = canvasInfo.added_inputs[node?.type];
+  const values = node?.widgets_values;
+  if (!added || !Array.isArray(values) || values.length !== added.saved_length) return;
+  node.widgets_values = [...values, ...added.values];
+}
+
 function migrateSavedWorkflow(workflow) {
   const graphs = [workflow, ...(workflow?.definitions?.subgraphs ?? [])];
   for (const node of graphs.flatMap((graph) => graph?.nodes ?? [])) {
+    withAddedInputs(node);
     if (node?.type !== SCHEDULE) continue;
     node.widgets_values = migrateScheduleValues(node.widgets_values);
     if (Array.isArray(node.widgets_values)) node.wan22_saved_values = [...node.widgets_values];
