@@ -170,6 +170,7 @@ class Runs:
         self.schedule = comfy.pack("nodes.sigmas").build_schedule(
             has_high=True, has_low=True, model_default=self.experts.default_boundary, sampler=sampler,
             scheduler=scheduler, steps=steps, flow_shift=flow_shift)
+        self.handle = comfy.pack("nodes.types").ScheduleHandle(self.schedule)  # what the schedule socket carries
         self.positive, self.negative = [[text_embeddings(1), {}]], [[text_embeddings(2), {}]]
         self.latent = {"samples": torch.zeros(latent_shape)}
         self.records = {}

@@ -6,8 +6,8 @@
   loader behind each one for its preview (`preview` on the loader's class, which its own validation uses) and
   counts the split with the schedule node's own function.
 - `GET /wan22/canvas`: what the canvas needs to know of the nodes (the old sampler names a saved workflow may
-  show, the nodes that show a split), so that the frontend restates none of it, and the operator's note
-  (`WAN22_SERVER_NOTE`) if there is one.
+  show, the nodes that show a split, what a workflow saved before an input was added runs with), so that the
+  frontend restates none of it, and the operator's note (`WAN22_SERVER_NOTE`) if there is one.
 """
 
 from __future__ import annotations
