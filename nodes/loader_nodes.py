@@ -19,8 +19,9 @@ from .core.experts import NONE, ROLES, ExpertsPreview, default_boundary, require
 from .model_files import diffusers_folder_list, diffusers_folder_path, expert_path, inspect_files
 from .types import CATEGORY, ExpertsType
 
-# weight_dtype -> ComfyUI's model options. The first four are the pack's own since its first release; the
-# fp8 ones are ComfyUI's own Load Diffusion Model choices, with the same meaning.
+# weight_dtype -> ComfyUI's model options. fp32/bf16/fp16 are the pack's own since its first release; default and
+# the fp8 ones are ComfyUI's own Load Diffusion Model choices, which its load_unet maps inline (no function to
+# call, and the diffusers folders need the same options for their state dicts): a test holds them to it.
 WEIGHT_DTYPES = {
     "default": {},
     "fp32": {"dtype": torch.float32},

@@ -40,6 +40,23 @@ def test_the_sampler_and_scheduler_lists_are_comfyuis_own(comfyui):
     assert info["optional"]["scheduler"][1]["default"] == "simple"
 
 
+def test_comfyuis_weight_dtypes_are_offered_and_mean_what_load_diffusion_model_makes_of_them(comfyui, tiny_models,
+                                                                                            monkeypatch):
+    """The loaders offer ComfyUI's own Load Diffusion Model dtypes, with the model options its load_unet passes
+    on (caught at comfy.sd.load_diffusion_model), beside the pack's fp32/bf16/fp16."""
+    import comfy.sd
+
+    loader_nodes = comfyui.pack("nodes.loader_nodes")
+    unet_loader = comfyui.nodes.NODE_CLASS_MAPPINGS["UNETLoader"]
+    theirs = unet_loader.INPUT_TYPES()["required"]["weight_dtype"][0]
+    assert set(theirs) <= set(loader_nodes.WEIGHT_DTYPES)
+    passed = []
+    monkeypatch.setattr(comfy.sd, "load_diffusion_model", lambda path, model_options=None: passed.append(model_options))
+    for name in theirs:
+        unet_loader().load_unet(expert_files(tiny_models)[0], name)
+        assert passed[-1] == loader_nodes.model_options(name), name
+
+
 @pytest.mark.parametrize("sampler,steps,shift,expected", [
     # The values of the split vectors this project started from: ComfyUI's euler/simple (and dpmpp_2m) at 40 steps.
     ("euler", 40, 5.0, (17, 23)), ("euler", 40, 12.0, (26, 14)), ("dpmpp_2m", 40, 5.0, (17, 23)),
