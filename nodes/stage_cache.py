@@ -181,9 +181,11 @@ class StageCache:
                                              "that node")
         self.diffusion_model = guider.model_patcher.model.diffusion_model
         if self.backend.is_cached(self.diffusion_model):  # another of our caches on the same expert runs it
-            raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is already cached by another Cache-DiT "
-                                             "node in this sampling (a Wan2.2 Cache-DiT (MODEL) node and the Wan2.2 "
-                                             "Cache-DiT node on one expert?): keep one of them")
+            # named by the input of the node whose sampling meets both (the pack's sampler, or a KSampler)
+            raise Wan22InputError("model" if self.stage == "model" else "experts",
+                                  f"the {CARRIERS[self.stage]} is already cached by another Cache-DiT node in this "
+                                  "sampling (a Wan2.2 Cache-DiT (MODEL) node and the Wan2.2 Cache-DiT node on one "
+                                  "expert?): keep one of them")
         # A stage capped at 0 cached evaluations runs without the cache, and its report says why (core.skip_note).
         self.installed = self.plan.settings(self.role).max_cached_steps != 0
         args, kwargs = with_argument(executor, args, kwargs, "callback",

@@ -107,6 +107,7 @@ def test_the_model_node_and_the_samplers_cache_on_one_expert_are_refused_and_lea
     assert result.valid and not result.success
     message = result.execution_error()["exception_message"]
     assert "is already cached by another Cache-DiT node" in message and "keep one of them" in message
+    assert message.startswith("experts: ")  # the input of the node that failed: the sampler's (fuzz-found)
     models = unet_models(comfyui, executor)
     assert models and all(leftovers(m) == [] for m in models.values())
 
