@@ -23,7 +23,6 @@ import execution
 import nodes as comfyui_nodes
 
 from . import schedule_nodes, sigmas
-from .core import parallel as core_parallel
 from .core import schedule as core_schedule
 from .core.errors import Wan22InputError, cut
 from .core.experts import ExpertsPreview
@@ -36,9 +35,25 @@ CANVAS_ROUTE = "/wan22/canvas"
 # (`make demo` says that only its workflow runs on its tiny stand-ins).
 SERVER_NOTE = "WAN22_SERVER_NOTE"
 SCHEDULE_INPUTS = ("sampler", "steps", "flow_shift", "scheduler")
-# Inputs added to a node after workflows were saved with it: how many widget values such a workflow has, and
-# what the new widgets run with there (their default is for new workflows).
-ADDED_INPUTS = {"Wan22ParallelPlan": {"saved_length": 4, "values": [core_parallel.SAVED_SPLIT]}}
+WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+
+
+def added_inputs() -> dict:
+    """For each of the pack's nodes with inputs added after workflows were saved with it (its ADDED_INPUTS):
+    how many widget values such a workflow has, and what the added widgets run with there, read from the node's
+    schema (the widgets in their order)."""
+    found, pack = {}, __name__.rsplit(".", 1)[0] + "."
+    for kind, node_class in comfyui_nodes.NODE_CLASS_MAPPINGS.items():
+        added = getattr(node_class, "ADDED_INPUTS", None)
+        if not added or not node_class.__module__.startswith(pack):
+            continue
+        declared = node_class.INPUT_TYPES()
+        inputs = {**declared.get("required", {}), **declared.get("optional", {})}
+        widgets = [name for name, spec in inputs.items()
+                   if isinstance(spec[0], list) or spec[0] in WIDGET_TYPES]
+        first = min(widgets.index(name) for name in added)
+        found[kind] = {"saved_length": first, "values": [added[name] for name in widgets[first:]]}
+    return found
 
 
 def passes_experts(kind: str) -> bool:
@@ -223,4 +238,4 @@ async def split(request: web.Request) -> web.Response:
 async def canvas(_request: web.Request) -> web.Response:
     return web.json_response({"old_samplers": {old: new for old, new in core_schedule.OLD_SAMPLERS.items()
                                                if old != new}, "split_nodes": list(SPLIT_NODES),
-                              "server_note": os.environ.get(SERVER_NOTE) or None, "added_inputs": ADDED_INPUTS})
+                              "server_note": os.environ.get(SERVER_NOTE) or None, "added_inputs": added_inputs()})
