@@ -51,11 +51,9 @@ def measure(repeats: int, quick: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="wan22-bench-parallel-") as base:
         harness, models = tiny_experts(base, expert)
         core_cache, core_parallel = harness.pack("nodes.core.cache"), harness.pack("nodes.core.parallel")
-        head_dim = harness.pack("nodes.core.architecture").HEAD_DIM
         warm = core_cache.ExpertCacheSettings(warmup_steps=1, max_cached_steps=-1)
         cache = core_cache.CachePlan(high=warm, low=warm)
-        plan = core_parallel.make_plan(workers=2, devices="cpu, cpu", ulysses_degree=2,
-                                       heads=expert["dim"] // head_dim, cpu_threads=1, gpus=0,
+        plan = core_parallel.make_plan(workers=2, devices="cpu, cpu", ulysses_degree=2, cpu_threads=1, gpus=0,
                                        cpus=os.cpu_count() or 1, split="auto")
         runs = Runs(harness, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=RUN["steps"],
                     flow_shift=RUN["flow_shift"], seed=RUN["seed"], cfg={"high": 1.0, "low": 1.0},

@@ -9,7 +9,9 @@ itself. Another cache method is another module with these functions (a test driv
 - `install(diffusion_model, plan, role, separate_cfg)` and `refresh(...)` (the same with a fresh context);
 - `remove(diffusion_model)`: the model afterwards is bit-identical to one never cached;
 - `outcome(diffusion_model)`: what it did, `held(diffusion_model)`: the tensors it holds;
-- `contexts(diffusion_model)`: the configs of the contexts it holds on the model (tests and workers read them).
+- `contexts(diffusion_model)`: the configs of the contexts it holds on the model (tests and workers read them);
+- `weigh_statistic(diffusion_model, weight)`: for a worker whose shard of the sequence is longer or shorter
+  than an equal share, its residual statistic weighed before the workers average it (the parallel plan).
 
 Each stage gets a context of its own, built when the stage's sampling starts and dropped when it ends, so
 cache-dit's step count (`num_inference_steps`, which only decides when a context it reuses restarts) stays
@@ -109,12 +111,38 @@ def remove(diffusion_model) -> None:
         del diffusion_model.forward
 
 
+def _manager(diffusion_model):
+    """cache-dit's private context registry on the model (the only place that reads it), or None."""
+    return getattr(diffusion_model, "_context_manager", None)
+
+
 def _contexts(diffusion_model) -> list:
-    """cache-dit's contexts on the model, read from its private registry (the only place that reads it)."""
-    manager = getattr(diffusion_model, "_context_manager", None)
+    """cache-dit's contexts on the model."""
+    manager = _manager(diffusion_model)
     if manager is None:
         return []
     return [manager.get_context(name) for name in getattr(diffusion_model, "_context_names", ())]
+
+
+def weigh_statistic(diffusion_model, weight: float):
+    """Until the returned function is called, the model's cache weighs this worker's residual statistic by
+    `weight` (core.parallel.statistic_weight): cache-dit averages each worker's mean difference and mean
+    magnitude over the workers, which is the whole sequence's mean only for equal shards. Both means scale with
+    the residuals, so the residuals it compares are scaled by the weight (their ratio, the statistic, is then
+    the whole sequence's). Nothing is weighed on a model that is not cached."""
+    manager = _manager(diffusion_model)
+    if manager is None or not is_cached(diffusion_model):
+        return lambda: None
+    original = manager.similarity
+
+    def similarity(t1, t2, **kwargs):
+        return original(t1 * weight, t2 * weight, **kwargs)
+    manager.similarity = similarity
+
+    def unweigh():
+        if vars(manager).get("similarity") is similarity:
+            del manager.similarity
+    return unweigh
 
 
 def contexts(diffusion_model) -> list[dict]:

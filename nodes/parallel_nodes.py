@@ -18,7 +18,17 @@ def gpus_here() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def cpu_cores() -> int:
+    """The bound on CPU workers and threads (tests on a small machine replace it to start more)."""
+    return os.cpu_count() or 1
+
+
 class Wan22ParallelPlan(io.ComfyNode):
+    # Inputs added after workflows were saved with this node, and the value such a workflow runs with (an API
+    # prompt without the input gets it from execute's default; a saved UI workflow from the canvas, which reads
+    # this through routes.added_inputs). Their schema default is for new nodes.
+    ADDED_INPUTS = {"split": core.SAVED_SPLIT}
+
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -27,7 +37,7 @@ class Wan22ParallelPlan(io.ComfyNode):
             category=CATEGORY,
             description="Runs the sampler's stages on several workers (Ray actors, one per device, in one "
                         "torch.distributed group), each expert's token sequence split across them with Ulysses "
-                        "attention, or at CFG above 1 each evaluation's two prompts (split). Each worker loads the "
+                        "attention, and at CFG above 1 each evaluation's two prompts (split). Each worker loads the "
                         "experts itself from the same files and keeps them loaded "
                         "between runs of this plan. Needs Ray and yunchang: " + core.INSTALL + ".",
             inputs=[
@@ -40,17 +50,21 @@ class Wan22ParallelPlan(io.ComfyNode):
                                         "'cuda:0, cuda:1'; 'cuda, cuda' lets the Ray cluster pick the GPUs (with "
                                         "RAY_ADDRESS set, on several machines); 'cpu, cpu' runs on the CPU (gloo)."),
                 io.Int.Input("ulysses_degree", default=2, min=1, max=core.MAX_WORKERS,
-                             tooltip="How many workers split each sequence. It must divide the experts' attention "
-                                     "heads (A14B: 40, so 2, 4, 5 or 8) and equal the number of workers."),
+                             tooltip="How many workers split each sequence at a stage that splits only its "
+                                     "sequence: set it to the number of workers. Any count works (heads and tokens "
+                                     "the workers do not divide are padded); at a CFG split each half of the "
+                                     "workers splits its prompt's sequence."),
                 io.Int.Input("cpu_threads", default=0, min=0, max=1024, advanced=True,
                              tooltip="Torch threads per CPU worker (at most this machine's cores); 0 shares the cores "
                                      "among the workers."),
                 io.Combo.Input("split", options=list(core.SPLITS), default="auto", optional=True,
                                tooltip="How the workers share a stage. auto: 'cfg' at a stage whose CFG is above 1 "
-                                       "with two workers, else 'ulysses'. cfg: each evaluation's positive and "
-                                       "negative prompt on a worker of its own (two workers; a stage at CFG 1 has "
-                                       "one prompt and splits its sequence). ulysses: each sequence split over "
-                                       "every worker. Workflows saved before this input keep 'ulysses'."),
+                                       "when the workers are even in number, else 'ulysses'. cfg: each "
+                                       "evaluation's positive and negative prompt on half of the workers (two "
+                                       "workers: one each; four or more: each half also splits its prompt's "
+                                       "sequence); a stage at CFG 1 has one prompt and splits its sequence. "
+                                       "ulysses: each sequence split over every worker. Workflows saved before "
+                                       "this input keep 'ulysses'."),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The same experts, with the plan: connect "
                                                                         "them to the sampler.")],
@@ -65,8 +79,7 @@ class Wan22ParallelPlan(io.ComfyNode):
                 split=core.SAVED_SPLIT) -> io.NodeOutput:
         linked_given(experts=experts)
         plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
-                              heads=experts.architecture.heads, cpu_threads=cpu_threads,
-                              gpus=gpus_here(), cpus=os.cpu_count() or 1,
+                              cpu_threads=cpu_threads, gpus=gpus_here(), cpus=cpu_cores(),
                               cluster=bool(os.environ.get("RAY_ADDRESS")), split=split)
         from .parallel.pool import ray_module
 

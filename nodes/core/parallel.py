@@ -1,6 +1,8 @@
 """The parallel plan: one run on several workers, each expert's token sequence split across them (Ulysses
-sequence parallelism around self-attention). Pure: which devices, how the sequence divides, what the report
-says; the workers themselves are glue (nodes/parallel/)."""
+sequence parallelism around self-attention) and, at a stage whose CFG is above 1, each evaluation's two prompts
+on different workers (CFG parallel), the two together as a mesh from four workers on. Pure: which devices, how
+the workers group, how the sequence and the heads divide, what the report says; the workers themselves are
+glue (nodes/parallel/)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ INSTALL = "pip install 'ray>=2.60' yunchang (into ComfyUI's Python), then restar
 
 
 # How a stage's work is shared: "ulysses" splits each sequence over every worker; "cfg" gives the positive and
-# the negative prompt of each evaluation to different workers (two workers: one prompt each), at a stage whose
-# CFG is above 1 (at CFG 1 there is one prompt: the stage splits its sequence); "auto" picks per stage.
+# the negative prompt of each evaluation to different halves of the workers, at a stage whose CFG is above 1
+# (two workers: one prompt each; four or more: a mesh, each half splitting its prompt's sequence with Ulysses).
+# At CFG 1 there is one prompt: the stage splits its sequence. "auto" picks per stage.
 SPLITS = ("auto", "ulysses", "cfg")
 SAVED_SPLIT = "ulysses"  # what workflows saved before the split input run with
-CFG_WORKERS = 2  # the CFG split shares the two prompts of an evaluation between two workers
+PROMPTS = 2  # an evaluation above CFG 1 has two prompts (positive, negative): the CFG split's degree
 
 
 @dataclass(frozen=True)
@@ -43,13 +46,37 @@ class ParallelPlan:
                 "cpu_threads": self.cpu_threads if self.backend == "gloo" else None}
 
     def stage_split(self, cfg: float) -> str:
-        """What a stage at this CFG uses: "cfg" (its two prompts on the two workers) or "ulysses"."""
-        return "cfg" if self.split in ("auto", "cfg") and float(cfg) > 1.0 and self.workers == CFG_WORKERS \
+        """What a stage at this CFG uses: "cfg" (its two prompts on the two halves of the workers) or
+        "ulysses"."""
+        return "cfg" if self.split in ("auto", "cfg") and float(cfg) > 1.0 and self.workers % PROMPTS == 0 \
             else "ulysses"
 
+    def mesh(self, stage_split: str) -> tuple[int, int]:
+        """(workers per prompt group, workers per sequence): how many ways a stage of this split shares the
+        prompts and each sequence; the product is the workers."""
+        prompts = PROMPTS if stage_split == "cfg" else 1
+        return prompts, self.workers // prompts
 
-def head_divisors(heads: int) -> list[int]:
-    return [d for d in range(2, heads + 1) if heads % d == 0]
+
+def mesh_groups(world: int, prompts: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The ranks of a mesh of `prompts` x (world / prompts): the sequence groups (the ranks that split one
+    prompt's sequence: consecutive ranks) and the prompt groups (one rank of each sequence group, at the same
+    place in it: the ranks whose outputs make one call's batch)."""
+    sequence = world // prompts
+    return ([list(range(p * sequence, (p + 1) * sequence)) for p in range(prompts)],
+            [list(range(q, world, sequence)) for q in range(sequence)])
+
+
+def mesh_place(rank: int, world: int, prompts: int) -> tuple[int, int]:
+    """(the prompt this rank runs, its place in that prompt's sequence group)."""
+    sequence = world // prompts
+    return rank // sequence, rank % sequence
+
+
+def local_heads(heads: int, degree: int) -> int:
+    """The heads each worker attends with: the heads padded with empty ones up to a multiple of the degree (an
+    empty head attends to nothing and is dropped), so any degree splits any head count."""
+    return -(-heads // degree)
 
 
 def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int, cluster: bool = False) -> tuple[str, ...]:
@@ -102,30 +129,24 @@ def parse_devices(devices: str, workers: int, *, gpus: int, cpus: int, cluster: 
     return tuple(entries)
 
 
-def make_plan(*, workers: int, devices: str, ulysses_degree: int, heads: int, cpu_threads: int, gpus: int,
+def make_plan(*, workers: int, devices: str, ulysses_degree: int, cpu_threads: int, gpus: int,
               cpus: int, cluster: bool = False, split: str = SAVED_SPLIT) -> ParallelPlan:
     """The plan, every value checked and refused by its input name before any worker starts: no more CPU
     workers or threads than the cores, no GPU this process does not see (see parse_devices)."""
     workers, degree = int(workers), int(ulysses_degree)
     if split not in SPLITS:
         raise Wan22InputError("split", f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
-    if split == "cfg" and int(workers) != CFG_WORKERS:
-        raise Wan22InputError("split", f"the CFG split shares the two prompts of each evaluation between "
-                                       f"{CFG_WORKERS} workers, not {workers}: use {CFG_WORKERS} workers, or the "
-                                       "'ulysses' or 'auto' split")
+    if split == "cfg" and int(workers) % PROMPTS:
+        raise Wan22InputError("split", f"the CFG split shares the two prompts of each evaluation between two "
+                                       f"halves of the workers, and {workers} workers do not halve: use an even "
+                                       "number of workers, or the 'ulysses' or 'auto' split")
     if not 2 <= workers <= MAX_WORKERS:
         raise Wan22InputError("workers", f"{workers} workers: use between 2 and {MAX_WORKERS} (one run on one "
                                          "device needs no plan)")
     devices = parse_devices(devices, workers, gpus=gpus, cpus=cpus, cluster=cluster)
-    divisors = head_divisors(heads)
     if degree < 2:
         raise Wan22InputError("ulysses_degree", f"{degree} splits nothing: the degree is how many workers share "
-                                                f"each sequence; use one that divides the {heads} attention heads "
-                                                f"({', '.join(map(str, divisors)) or 'none'})")
-    if heads % degree:
-        raise Wan22InputError("ulysses_degree", f"{degree} does not divide the experts' {heads} attention heads "
-                                                "(each worker attends with an equal share of them): use "
-                                                f"{', '.join(map(str, divisors)) or 'experts with more heads'}")
+                                                f"each sequence; set it to the number of workers ({workers})")
     if degree != workers:
         raise Wan22InputError("ulysses_degree", f"{degree} with {workers} workers: every worker takes part in "
                                                 "each sequence's split, so the degree must equal the number of "
@@ -145,18 +166,30 @@ def latent_tokens(shape, patch=(1, 2, 2)) -> int:
 
 
 def check_sequence(tokens: int, degree: int) -> None:
-    """The sequence must split into equal shards: every worker's self-attention then gets the same share, and
-    cache-dit's averages of the residual statistic over the workers equal the whole sequence's."""
-    if tokens % degree:
+    """Every worker needs a token of the sequence (a shard may be one token longer than another)."""
+    if tokens < degree:
         raise Wan22InputError("ulysses_degree", f"the video's {tokens} tokens (latent frames x height/16 x "
-                                                f"width/16) do not split into {degree} equal parts: pick a size "
-                                                f"whose token count divides by {degree} (e.g. a width that is a "
-                                                f"multiple of {16 * degree}), or another degree")
+                                                f"width/16) are fewer than the {degree} workers that split each "
+                                                "sequence: use fewer workers, or a larger video")
+
+
+def shard_sizes(tokens: int, degree: int) -> list[int]:
+    """Each worker's share of a sequence, in rank order: equal where the degree divides it, else the first
+    `tokens % degree` workers take one token more."""
+    size, rest = divmod(tokens, degree)
+    return [size + (rank < rest) for rank in range(degree)]
 
 
 def shard(tokens: int, degree: int, rank: int) -> slice:
-    size = tokens // degree
-    return slice(rank * size, (rank + 1) * size)
+    sizes = shard_sizes(tokens, degree)
+    start = sum(sizes[:rank])
+    return slice(start, start + sizes[rank])
+
+
+def statistic_weight(tokens: int, degree: int, rank: int) -> float:
+    """What a worker's mean over its shard is weighed by so that the plain average over the workers (cache-dit's
+    statistic, reduced over the ranks with AVG) is the whole sequence's mean: 1 for equal shards."""
+    return degree * shard_sizes(tokens, degree)[rank] / tokens
 
 
 def parallel_report(plan: ParallelPlan, ranks: list[dict]) -> dict:
@@ -171,7 +204,9 @@ def parallel_report(plan: ParallelPlan, ranks: list[dict]) -> dict:
         # (the reduced whole sequence's), never a shard's own
         "residual_diffs": [r.get("residual_diffs", {}) for r in ranks],
         "contexts": [r["contexts"] for r in ranks],  # per stage: the cache's contexts as each rank saw them
-        "stage_splits": ranks[0].get("splits", {}),  # per stage: "cfg" or "ulysses", as the workers ran it
+        # per stage: "cfg" (the prompts split, and with four or more workers each prompt's sequence: "cfg+ulysses")
+        # or "ulysses", as the workers ran it; "cfg, ulysses" where some calls carried one prompt
+        "stage_splits": ranks[0].get("splits", {}),
         "ranks_agree": all((r["cached_steps"], r.get("residual_diffs")) == (ranks[0]["cached_steps"],
                                                                            ranks[0].get("residual_diffs"))
                            for r in ranks),

@@ -66,7 +66,7 @@ class ParallelActor:
             os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         if comfy_root not in sys.path:  # before any call whose arguments hold ComfyUI's objects
             sys.path.insert(0, comfy_root)
-        self.worker = None
+        self.worker = self.store = None
 
     def boot(self, pack_dir: str, pack_name: str, comfy_args: bytes, store, loopback: str | None) -> int:
         """ComfyUI and the pack in this process, then the group: its rendezvous through `store` (a Rendezvous
@@ -93,7 +93,11 @@ class ParallelActor:
         worker = importlib.import_module(f"{pack_name}.nodes.parallel.worker")
         import torch.distributed as dist
 
-        dist.init_process_group("gloo" if self.device == "cpu" else "nccl", store=worker.RayStore(store),
+        # Kept here: torch.distributed holds only the C++ side of a store written in Python, and calls its methods
+        # through the Python object (a group made later, the CFG split's, fails with "Not implemented" once the
+        # object is gone).
+        self.store = worker.RayStore(store)
+        dist.init_process_group("gloo" if self.device == "cpu" else "nccl", store=self.store,
                                 rank=self.rank, world_size=self.world, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
         self.worker = worker.Worker(self.rank, self.world)
         return os.getpid()

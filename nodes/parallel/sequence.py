@@ -15,25 +15,36 @@ time, and is removed when the call returns:
   in a collective for one that stopped, and on the call's batch: ComfyUI batches the prompts by each process's
   free memory, and ranks that batched them differently would exchange shards of different sizes.
 
-At a stage whose split is "cfg" (core/parallel.py: a stage at CFG above 1, two workers), a call that carries
-the evaluation's two prompts batched gives each rank one of them instead: every per-prompt input is cut to the
-rank's prompt, the rank runs the whole sequence for it, and the outputs are gathered back in ComfyUI's prompt
-order. A call with one prompt (ComfyUI runs them one by one when memory is short) is split as above.
+At a stage whose split is "cfg" (core/parallel.py: a stage at CFG above 1, an even number of workers), a call
+that carries the evaluation's two prompts batched gives each half of the workers one of them: every per-prompt
+input is cut to the half's prompt, the half runs it (two workers: one rank, the whole sequence; four or more:
+the half splits the prompt's sequence as above, a mesh of 2 x workers/2), and the outputs are gathered back in
+ComfyUI's prompt order. A call with one prompt (ComfyUI runs them one by one when memory is short) is split by
+its sequence over every worker.
+
+Any number of workers splits any sequence and any head count: a sequence the workers do not divide gives the
+first ranks one token more (the exchanges pad each shard to the longest and drop the padding on arrival, so
+attention sees exactly the real tokens), and heads they do not divide are padded with empty heads (an empty
+query, key and value attend to nothing and are dropped).
 
 cache-dit, when the stage is cached, sees only this rank's shard (of the sequence, or of the prompts); it
 averages its residual statistic over the ranks itself (the mean difference and the mean magnitude, each
-averaged whenever torch.distributed has more than one rank), and with equal shards the average of each rank's
-mean is the whole call's mean, so every rank makes the decision one process would make.
+averaged whenever torch.distributed has more than one rank). With equal shards the average of each rank's mean
+is the whole call's mean; with unequal ones each rank's mean is weighed by its share first
+(cache_dit_backend.weigh_statistic), so every rank makes the decision one process would make.
 """
 
 from __future__ import annotations
 
 import time
 
+from dataclasses import dataclass
+
 import comfy.model_management
 import comfy.patcher_extension
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from .. import cache_dit_backend
 from ..block_forwards import SwappedForwards
@@ -45,10 +56,44 @@ KEY = "wan22_sequence_parallel"
 WrappersMP = comfy.patcher_extension.WrappersMP
 
 
-def all_to_all(x: torch.Tensor, scatter: int, gather: int) -> torch.Tensor:
+def all_to_all(x: torch.Tensor, scatter: int, gather: int, group=None) -> torch.Tensor:
     from yunchang.comm.all_to_all import all_to_all_4D
 
-    return all_to_all_4D(x.contiguous(), scatter_idx=scatter, gather_idx=gather)
+    return all_to_all_4D(x.contiguous(), scatter_idx=scatter, gather_idx=gather, group=group)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """This rank's place in one way of sharing a call: `prompts` groups of `sequence` ranks; the rank runs
+    prompt `prompt`, and is `place` in the group that splits its sequence (`sequence_group`); `prompt_group`
+    holds the ranks whose outputs make the call's batch. A group of None is the whole world."""
+
+    prompts: int
+    sequence: int
+    prompt: int
+    place: int
+    sequence_group: object = None
+    prompt_group: object = None
+
+
+def meshes(rank: int, world: int) -> dict[int, Mesh]:
+    """The meshes a pool of `world` workers runs, by their prompt degree: 1 (every worker splits the sequence)
+    and, for an even world, 2 (the CFG split). Called once per pool, on every rank in the same order (making a
+    group is a collective of the whole world)."""
+    made = {1: Mesh(1, world, 0, rank)}
+    if world % core.PROMPTS == 0:
+        sequence_ranks, prompt_ranks = core.mesh_groups(world, core.PROMPTS)
+        prompt, place = core.mesh_place(rank, world, core.PROMPTS)
+        sequence_group = prompt_group = None
+        if len(sequence_ranks[0]) > 1:  # four or more workers: each half its groups
+            for ranks in sequence_ranks:
+                group = dist.new_group(ranks)
+                sequence_group = group if rank in ranks else sequence_group
+            for ranks in prompt_ranks:
+                group = dist.new_group(ranks)
+                prompt_group = group if rank in ranks else prompt_group
+        made[core.PROMPTS] = Mesh(core.PROMPTS, world // core.PROMPTS, prompt, place, sequence_group, prompt_group)
+    return made
 
 
 class SequenceParallel:
@@ -56,15 +101,18 @@ class SequenceParallel:
     collectives, `contexts` each stage's cache-dit contexts (their settings) as this rank read them from
     cache-dit while the stage ran."""
 
-    def __init__(self, rank: int, world: int, cancelled, splits: dict[str, str] | None = None):
+    def __init__(self, rank: int, world: int, cancelled, splits: dict[str, str] | None = None,
+                 mesh: dict[int, Mesh] | None = None):
         self.rank, self.world = rank, world
         self.cancelled = cancelled  # () -> bool: this run was cancelled
         self.splits = dict(splits or {})  # stage -> "cfg" | "ulysses" (core.ParallelPlan.stage_split)
+        self.meshes = mesh or {1: Mesh(1, world, 0, rank)}  # meshes(): made once per pool
         self.ran: dict[str, set] = {}  # stage -> the splits its calls really ran with
         self.comm_seconds = 0.0
         self.contexts: dict[str, list] = {}
         self.in_self_attention = False
-        self.tokens = None
+        self.mesh = None  # the current call's mesh
+        self.tokens, self.sizes = None, None  # the current call's sequence, and each rank's share of it
         self.inner = None  # the MODEL's own attention override, if any, for the current call
 
     def attach(self, model, stage: str) -> None:
@@ -98,9 +146,16 @@ class SequenceParallel:
                                              f"{most}: ComfyUI batches them by each process's free memory): give "
                                              "every worker a device with the same free memory, or run at CFG 1")
 
-    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        self.timed(dist.all_gather, parts, x.contiguous())
+    def gather(self, x: torch.Tensor, dim: int, group=None, sizes: list[int] | None = None) -> torch.Tensor:
+        """Every rank's `x` of the group, joined along `dim` in rank order; `sizes`: each rank's length along
+        `dim` where they differ (each is padded to the longest for the exchange, and cut back)."""
+        most = max(sizes) if sizes else x.shape[dim]
+        if x.shape[dim] < most:
+            x = torch.cat([x, x.new_zeros(*x.shape[:dim], most - x.shape[dim], *x.shape[dim + 1:])], dim=dim)
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        self.timed(dist.all_gather, parts, x.contiguous(), group)
+        if sizes:
+            parts = [part.narrow(dim, 0, size) for part, size in zip(parts, sizes)]
         return torch.cat(parts, dim=dim)
 
     # --- one transformer call ---
@@ -112,43 +167,49 @@ class SequenceParallel:
         if stage not in self.contexts:
             self.contexts[stage] = cache_dit_backend.contexts(executor.class_obj)
         prompts = options.get("cond_or_uncond") or ()
-        if self.splits.get(stage) == "cfg" and len(prompts) == self.world and batch % self.world == 0:
-            self.ran.setdefault(stage, set()).add("cfg")
-            return self.prompt_call(executor, args, kwargs, batch)
+        mesh = self.meshes.get(core.PROMPTS)
+        if self.splits.get(stage) == "cfg" and mesh is not None and len(prompts) == core.PROMPTS \
+                and batch % core.PROMPTS == 0:
+            self.ran.setdefault(stage, set()).add("cfg" if mesh.sequence == 1 else "cfg+ulysses")
+            return self.prompt_call(mesh, executor, args, kwargs, batch)
         self.ran.setdefault(stage, set()).add("ulysses")
-        return self.sequence_call(executor, args, kwargs)
+        return self.sequence_call(self.meshes[1], executor, args, kwargs)
 
     def stage_splits(self) -> dict[str, str]:
-        """What each stage's calls ran with: "cfg", "ulysses", or "cfg+ulysses" where some calls carried one
-        prompt."""
-        return {stage: "+".join(sorted(kinds)) for stage, kinds in self.ran.items()}
+        """What each stage's calls ran with: "cfg" (two workers), "cfg+ulysses" (the mesh), "ulysses", or
+        several of them, separated by commas, where some calls carried one prompt."""
+        return {stage: ", ".join(sorted(kinds)) for stage, kinds in self.ran.items()}
 
-    def prompt_call(self, executor, args, kwargs, batch: int):
-        """A call with the evaluation's prompts batched: this rank's prompt, the whole sequence, gathered."""
-        part = slice(self.rank * batch // self.world, (self.rank + 1) * batch // self.world)
+    def prompt_call(self, mesh: Mesh, executor, args, kwargs, batch: int):
+        """A call with the evaluation's prompts batched: this rank's prompt (split over its sequence group when
+        it has more than one rank), gathered over its prompt group in ComfyUI's order."""
+        part = slice(mesh.prompt * batch // mesh.prompts, (mesh.prompt + 1) * batch // mesh.prompts)
 
         def own(value):
             return value[part] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch \
                 else value
         options = dict(call_argument(executor, args, kwargs, "transformer_options"))
         for name in ("cond_or_uncond", "uuids"):  # per prompt, in the batch's order
-            if isinstance(options.get(name), list) and len(options[name]) == self.world:
-                options[name] = options[name][self.rank:self.rank + 1]
+            if isinstance(options.get(name), list) and len(options[name]) == mesh.prompts:
+                options[name] = options[name][mesh.prompt:mesh.prompt + 1]
         if isinstance(options.get("sigmas"), torch.Tensor):
             options["sigmas"] = own(options["sigmas"])
         args = tuple(own(a) for a in args)
         kwargs = {k: own(v) for k, v in kwargs.items()}
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options", options)
-        return self.gather(executor(*args, **kwargs), dim=0)
+        out = executor(*args, **kwargs) if mesh.sequence == 1 else self.sequence_call(mesh, executor, args, kwargs)
+        return self.gather(out, dim=0, group=mesh.prompt_group)
 
-    def sequence_call(self, executor, args, kwargs):
+    def sequence_call(self, mesh: Mesh, executor, args, kwargs):
         options = call_argument(executor, args, kwargs, "transformer_options")
         inner = options.get("optimized_attention_override")
         self.inner = None if getattr(inner, "__self__", None) is self else inner
         options["optimized_attention_override"] = self.attention
         diffusion_model = executor.class_obj
-        entries = SwappedForwards(diffusion_model.blocks, self.entry_forward)
+        entries = SwappedForwards(diffusion_model.blocks, lambda i, total, inner: self.entry_forward(
+            diffusion_model, i, total, inner))
         hooks = []
+        self.mesh, self.unweigh = mesh, None
         try:
             entries.install()
             for name, module in diffusion_model.named_modules():
@@ -161,6 +222,9 @@ class SequenceParallel:
             for hook in hooks:
                 hook.remove()
             entries.remove()
+            if self.unweigh is not None:
+                self.unweigh()
+            self.mesh = self.unweigh = None
 
     def enter_self_attention(self, _module, _args):
         self.in_self_attention = True
@@ -168,21 +232,26 @@ class SequenceParallel:
     def leave_self_attention(self, _module, _args, _output):
         self.in_self_attention = False
 
-    def entry_forward(self, i: int, total: int, inner):
+    def entry_forward(self, diffusion_model, i: int, total: int, inner):
         first, last = i == 0, i == total - 1
 
         def forward(x, *args, **kwargs):
+            m = self.mesh
             if first:
                 self.tokens = x.shape[1]
-                core.check_sequence(self.tokens, self.world)
-                x = x[:, core.shard(self.tokens, self.world, self.rank)]
-            part = core.shard(self.tokens, self.world, self.rank)
+                core.check_sequence(self.tokens, m.sequence)
+                self.sizes = core.shard_sizes(self.tokens, m.sequence)
+                x = x[:, core.shard(self.tokens, m.sequence, m.place)]
+                weight = core.statistic_weight(self.tokens, m.sequence, m.place)
+                if weight != 1.0 and self.unweigh is None:
+                    self.unweigh = cache_dit_backend.weigh_statistic(diffusion_model, weight)
+            part = core.shard(self.tokens, m.sequence, m.place)
             for name in ("freqs", "e"):  # per-token inputs follow the tokens; per-video ones stay whole
                 value = kwargs.get(name)
                 if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[1] == self.tokens > 1:
                     kwargs[name] = value[:, part]
             out = inner(x, *args, **kwargs)
-            return self.gather(out) if last else out
+            return self.gather(out, 1, m.sequence_group, self.sizes) if last else out
         return forward
 
     # --- self-attention across the ranks ---
@@ -198,23 +267,29 @@ class SequenceParallel:
             return self.attend(func, *args, **kwargs)
         q, k, v = args[:3]
         heads = kwargs.get("heads", args[3] if len(args) > 3 else None)
-        if kwargs.get("mask") is not None or kwargs.get("skip_reshape") or q.dim() != 3 or heads % self.world:
+        if kwargs.get("mask") is not None or kwargs.get("skip_reshape") or q.dim() != 3:
             raise Wan22InputError("ulysses_degree", "the experts' self-attention is not the plain Wan attention the "
-                                                    "sequence split runs (a mask, another layout, or heads that the "
-                                                    "degree does not divide): remove the attention patch, or run "
-                                                    "without the parallel plan")
+                                                    "sequence split runs (a mask, or another layout): remove the "
+                                                    "attention patch, or run without the parallel plan")
+        m, sizes = self.mesh, self.sizes
         b, s, width = q.shape
         d = width // heads
+        local = core.local_heads(heads, m.sequence)
+        most = max(sizes)
 
-        def scatter_heads(t):
-            return self.timed(all_to_all, t.reshape(b, s, heads, d), 2, 1)
+        def scatter_heads(t):  # [b, own tokens, heads, d] -> [b, every token, own heads, d]
+            t = F.pad(t.reshape(b, s, heads, d), (0, 0, 0, local * m.sequence - heads, 0, most - s))
+            t = self.timed(all_to_all, t, 2, 1, m.sequence_group)
+            return t if most * m.sequence == self.tokens else \
+                torch.cat([t[:, j * most:j * most + size] for j, size in enumerate(sizes)], dim=1)
 
-        local = heads // self.world
         q, k, v = (scatter_heads(t) for t in (q, k, v))
         n = q.shape[1]
         rest = dict(kwargs, heads=local)
         out = self.attend(func, q.reshape(b, n, local * d), k.reshape(b, n, local * d),
-                          v.reshape(b, n, local * d), *args[4:], **rest)
-        out = self.timed(all_to_all, out.reshape(b, n, local, d), 1, 2)
-        return out.reshape(b, s, heads * d)
-
+                          v.reshape(b, n, local * d), *args[4:], **rest).reshape(b, n, local, d)
+        if most * m.sequence != self.tokens:  # each rank's tokens padded to the longest share again
+            out = torch.cat([F.pad(part, (0, 0, 0, 0, 0, most - part.shape[1]))
+                             for part in out.split(sizes, dim=1)], dim=1)
+        out = self.timed(all_to_all, out, 1, 2, m.sequence_group)
+        return out[:, :s, :heads].reshape(b, s, heads * d)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from .. import engine
 from ..core.errors import Wan22InputError
 from .rebuild import rebuilt
-from .sequence import SequenceParallel
+from .sequence import SequenceParallel, meshes
 
 STORE_POLL_S = 0.01  # how often a waiting rank looks for a key another rank has yet to set
 
@@ -77,6 +77,7 @@ class Worker:
         self.cancelled_run = None  # the id of the last run the driver cancelled (a cancel may come first)
         self.progress = None  # (bar, step, steps) of rank 0's sampling
         self.running = threading.Lock()  # one run at a time (the actor answers progress and interrupt meanwhile)
+        self.meshes = meshes(rank, world)  # the process groups of the CFG split, made once (every rank, in order)
 
     def model(self, spec: dict):
         """A clone of this worker's own copy of the expert, with the run's weight patches."""
@@ -123,7 +124,8 @@ class Worker:
         models = {role: self.model(spec) for role, spec in job["specs"].items()}
         experts = job["experts"].replace(high=models.get("high"), low=models.get("low"))
         lead_model = self.model(job["lead"]) if job.get("lead") is not None else None
-        split = SequenceParallel(self.rank, self.world, lambda: self.cancelled_run == job["run"], job.get("splits"))
+        split = SequenceParallel(self.rank, self.world, lambda: self.cancelled_run == job["run"], job.get("splits"),
+                                 self.meshes)
         comfy.utils.set_progress_bar_global_hook(self.on_progress if self.rank == 0 else None)
         started = time.perf_counter()
         with torch.inference_mode():

@@ -9,7 +9,7 @@ A14B_HEADS = 40
 
 
 def plan(**changes):
-    values = dict(workers=2, devices="auto", ulysses_degree=2, heads=A14B_HEADS, cpu_threads=0, gpus=0, cpus=8)
+    values = dict(workers=2, devices="auto", ulysses_degree=2, cpu_threads=0, gpus=0, cpus=8)
     return parallel.make_plan(**{**values, **changes})
 
 
@@ -27,12 +27,11 @@ def test_auto_takes_this_machines_gpus_else_its_cpu():
     assert refusal(cpu_threads=-1).startswith("cpu_threads: -1 threads: use 0 (share the cores) up to")
 
 
-def test_the_a14b_degrees_are_those_that_divide_its_40_heads():
-    for degree in (2, 4, 5, 8):
+def test_any_degree_splits_the_a14b_heads_the_ones_it_does_not_divide_padded():
+    for degree in (2, 3, 4, 5, 6, 7, 8):
         assert plan(workers=degree, ulysses_degree=degree, gpus=8).ulysses_degree == degree
-    message = refusal(workers=3, ulysses_degree=3, gpus=8)
-    assert message.startswith("ulysses_degree: 3 does not divide the experts' 40 attention heads")
-    assert "use 2, 4, 5, 8, 10, 20, 40" in message
+    assert [parallel.local_heads(A14B_HEADS, d) for d in (2, 3, 6, 7, 8)] == [20, 14, 7, 6, 5]
+    assert parallel.local_heads(2, 3) == 1  # three workers on two heads: one empty head
     assert refusal(ulysses_degree=1).startswith("ulysses_degree: 1 splits nothing")
     assert refusal(workers=4, gpus=4).startswith("ulysses_degree: 2 with 4 workers")
 
@@ -49,6 +48,7 @@ def test_devices_are_refused_by_name():
     assert refusal(workers=1).startswith("workers: 1 workers")
     assert plan(devices="CUDA, cuda", gpus=2).devices == ("cuda", "cuda")  # GPUs the Ray cluster picks
     assert plan(devices="cpu, cpu, cpu").devices == ("cpu", "cpu")
+    assert refusal(workers=3, devices="cuda:0, cuda:1", ulysses_degree=3, gpus=2).startswith("workers: more")
 
 
 def test_a_workflow_cannot_ask_for_more_than_the_machine_has():
@@ -71,14 +71,31 @@ def test_a_workflow_cannot_ask_for_more_than_the_machine_has():
                                                                                "cuda:3")
 
 
-def test_the_sequence_splits_into_equal_shards_or_is_refused():
+def test_any_sequence_splits_the_first_shards_a_token_longer_and_each_mean_weighed_by_its_share():
     assert parallel.latent_tokens((1, 16, 21, 60, 104)) == 21 * 30 * 52  # 832x480, 81 frames
     assert parallel.latent_tokens((1, 16, 2, 5, 5)) == 2 * 3 * 3  # padded up to whole patches
-    parallel.check_sequence(21 * 30 * 52, 8)
-    with pytest.raises(Wan22InputError, match="the video's 9 tokens .* do not split into 2 equal parts"):
-        parallel.check_sequence(9, 2)
+    parallel.check_sequence(21 * 30 * 52, 7)
+    parallel.check_sequence(2, 2)
+    with pytest.raises(Wan22InputError, match="the video's 1 tokens .* are fewer than the 2 workers"):
+        parallel.check_sequence(1, 2)
     shards = [parallel.shard(12, 3, rank) for rank in range(3)]
     assert [(s.start, s.stop) for s in shards] == [(0, 4), (4, 8), (8, 12)]
+    assert parallel.shard_sizes(11, 3) == [4, 4, 3] and parallel.shard(11, 3, 2) == slice(8, 11)
+    assert [parallel.statistic_weight(12, 3, r) for r in range(3)] == [1.0, 1.0, 1.0]
+    # the plain average of the weighed means of shards of ones and twos is the whole sequence's mean
+    values = [1.0] * 6 + [2.0] * 5
+    means = [sum(values[parallel.shard(11, 3, r)]) / parallel.shard_sizes(11, 3)[r] for r in range(3)]
+    weighed = sum(parallel.statistic_weight(11, 3, r) * m for r, m in enumerate(means)) / 3
+    assert weighed == pytest.approx(sum(values) / 11) and sum(means) / 3 != pytest.approx(sum(values) / 11)
+
+
+def test_the_mesh_groups_consecutive_ranks_by_prompt_and_matching_places_by_sequence():
+    assert parallel.mesh_groups(4, 2) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
+    assert parallel.mesh_groups(6, 2) == ([[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]])
+    assert parallel.mesh_groups(2, 2) == ([[0], [1]], [[0, 1]])
+    assert [parallel.mesh_place(r, 4, 2) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    four = plan(workers=4, ulysses_degree=4, split="auto")
+    assert four.mesh(four.stage_split(3.5)) == (2, 2) and four.mesh(four.stage_split(1.0)) == (1, 4)
 
 
 def test_the_report_gives_each_ranks_time_and_communication_share():
@@ -95,10 +112,11 @@ def test_the_report_gives_each_ranks_time_and_communication_share():
     assert not parallel.parallel_report(p, ranks)["ranks_agree"]
 
 
-def test_each_stage_splits_its_prompts_at_cfg_above_one_with_two_workers_else_its_sequence():
+def test_each_stage_splits_its_prompts_at_cfg_above_one_with_even_workers_else_its_sequence():
     auto = plan(split="auto")
     assert (auto.stage_split(3.5), auto.stage_split(1.0), auto.stage_split(1.01)) == ("cfg", "ulysses", "cfg")
-    assert plan(workers=4, ulysses_degree=4, split="auto").stage_split(3.5) == "ulysses"  # no mesh (yet)
+    assert plan(workers=4, ulysses_degree=4, split="auto").stage_split(3.5) == "cfg"  # the mesh
+    assert plan(workers=3, ulysses_degree=3, split="auto").stage_split(3.5) == "ulysses"  # three do not halve
     assert plan(split="cfg").stage_split(1.0) == "ulysses"  # one prompt: nothing to share but the sequence
     assert plan().split == "ulysses" and plan().stage_split(4.0) == "ulysses"  # what saved workflows ran with
     assert plan(split="cfg").summary()["split"] == "cfg"
@@ -106,8 +124,10 @@ def test_each_stage_splits_its_prompts_at_cfg_above_one_with_two_workers_else_it
 
 def test_a_split_that_cannot_run_is_refused_by_name():
     assert refusal(split="sideways").startswith("split: unknown split 'sideways': use one of auto, ulysses, cfg")
-    assert refusal(workers=4, ulysses_degree=4, split="cfg").startswith(
-        "split: the CFG split shares the two prompts of each evaluation between 2 workers, not 4")
+    assert refusal(workers=3, ulysses_degree=3, split="cfg").startswith(
+        "split: the CFG split shares the two prompts of each evaluation between two halves of the workers, and 3 "
+        "workers do not halve")
+    assert plan(workers=6, ulysses_degree=6, split="cfg").mesh("cfg") == (2, 3)
 
 
 def test_the_report_says_how_each_stage_was_split():
