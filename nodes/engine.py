@@ -8,16 +8,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import comfy.patcher_extension
 import nodes as comfyui_nodes
 
 from .core.errors import Wan22InputError
 from .core.report import RunRecord, StepRecord
-from .core.schedule import STAGE_WORDS, RunSchedule
+from .core.schedule import RunSchedule
 from .stage_cache import StageCache
-from .wrapper_calls import call_argument, prompts_in
-
-WrappersMP = comfy.patcher_extension.WrappersMP
+from .stage_calls import StageCalls
 
 
 @dataclass(frozen=True)
@@ -84,37 +81,6 @@ def plan_stages(experts, schedule: RunSchedule, cfg: dict[str, float], lead_mode
     return stages
 
 
-class StageCalls:
-    """What one stage's sampling really does, seen through wrappers on the stage's own clone: the sigmas it
-    steps through, checked against the schedule's before any step runs (the split was counted from those),
-    and the transformer calls with the prompts batched into them."""
-
-    KEY = "wan22_stage_calls"
-
-    def __init__(self, stage: str, sigmas: tuple[float, ...]):
-        self.stage, self.sigmas = stage, tuple(sigmas)
-        self.calls = 0
-        self.prompts = 0
-
-    def attach(self, model) -> None:
-        model.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, self.KEY, self.sampler_sample)
-        model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, self.KEY, self.diffusion_model_call)
-
-    def sampler_sample(self, executor, *args, **kwargs):
-        seen = tuple(float(s) for s in call_argument(executor, args, kwargs, "sigmas"))
-        if seen != self.sigmas:
-            raise Wan22InputError("schedule", f"ComfyUI's sampling would step the {STAGE_WORDS[self.stage]} stage "
-                                              f"through the sigmas {[round(s, 6) for s in seen]}, not the "
-                                              f"{[round(s, 6) for s in self.sigmas]} the split was counted from; "
-                                              "nothing was run. Please report it with your ComfyUI version")
-        return executor(*args, **kwargs)
-
-    def diffusion_model_call(self, executor, *args, **kwargs):
-        self.calls += 1
-        self.prompts += prompts_in(call_argument(executor, args, kwargs, "transformer_options"))
-        return executor(*args, **kwargs)
-
-
 def run_stage(stage: Stage, sampler: str, scheduler: str, positive, negative, latent: dict, seed: int) -> dict:
     """One stage exactly as a KSamplerAdvanced runs it: ComfyUI's own common_ksampler, which computes the
     sigmas from the clone's model sampling (StageCalls checks they are the stage's). It takes no callback,
@@ -154,7 +120,7 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
     for stage in stages:
         calls = StageCalls(stage.name, stage.sigmas)
         calls.attach(stage.model)
-        cache = StageCache(plan, stage.role, stage.name) if plan is not None else None
+        cache = StageCache(plan, stage.role, stage.name, calls=calls) if plan is not None else None
         if cache is not None:
             cache.attach(stage.model)
         if attach is not None:
@@ -164,7 +130,7 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
         record.seconds[stage.name] = round(time.perf_counter() - started, 4)
         record.calls[stage.name], record.forward_passes[stage.name] = calls.calls, calls.prompts
         steps = len(stage.sigmas) - 1  # a sampler whose step callbacks do not mark its steps: one evaluation each
-        per_step = cache.per_step if cache is not None and len(cache.per_step) == steps else [1] * steps
+        per_step = calls.per_step if len(calls.per_step) == steps else [1] * steps
         record.steps += [StepRecord(index=len(record.steps) + i, sigma=stage.sigmas[i], expert=stage.role,
                                     evaluations=n, stage=stage.name) for i, n in enumerate(per_step)]
         if cache is not None:

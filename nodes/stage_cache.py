@@ -8,10 +8,11 @@ interrupt. The observer decides when; the cache itself (cache-dit) is driven thr
 cache_dit_backend.py, and knows nothing of stages.
 
 What the cache must know about the stage it learns from the calls its wrappers see, never from a copy of
-ComfyUI's own rules: the evaluations of each step from the sampler's step callbacks, the prompts at its first
-evaluation, and how ComfyUI batches them at its first transformer call. What it saw first must hold for the
-whole stage. The same lifecycle serves the pack's sampler (one StageCache per stage) and the Cache-DiT MODEL
-node (one StageCache on the MODEL, reset at each sample call: each KSampler's call is a stage).
+ComfyUI's own rules: the prompts at its first evaluation, and how ComfyUI batches them at its first transformer
+call; the evaluations and calls it reports are the stage's StageCalls' (stage_calls.py), counted once. What it
+saw first must hold for the whole stage. The same lifecycle serves the pack's sampler (one StageCache per stage)
+and the Cache-DiT MODEL node (one StageCache on the MODEL, reset at each sample call: each KSampler's call is a
+stage).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .block_forwards import SwappedForwards
 from .core import cache as core
 from .core.errors import Wan22InputError
 from .core.schedule import STAGE_WORDS
-from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices, with_argument
+from .stage_calls import StageCalls
+from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices
 
 KEY = "wan22_cache_dit"
 WrappersMP = comfy.patcher_extension.WrappersMP
@@ -140,9 +142,13 @@ class StageCache:
 
     backend = cache_dit_backend  # the cache method: the one module that talks to it (a test swaps in a double)
 
-    def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF):
+    def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF,
+                 calls: StageCalls | None = None):
         self.plan, self.role, self.stage = plan, role, stage or role  # role: the expert whose settings apply
         self.turn_off = turn_off  # what the user can do when the cache cannot follow a stage
+        # what the stage's sampling does, counted once: the engine's StageCalls, or one of the cache's own
+        self.own_calls = calls is None
+        self.calls = StageCalls(self.stage) if calls is None else calls
         self._reset()
 
     def _reset(self) -> None:
@@ -152,8 +158,6 @@ class StageCache:
         self.replaced = None  # the blocks with a replace patch, as the first evaluation had them
         self.pattern = None  # the prompts of each transformer call of the first evaluation
         self.calls_now = None  # ... of the evaluation in progress (None outside an evaluation)
-        self.evaluations = 0  # the stage's evaluations so far
-        self.per_step: list[int] = []  # evaluations of each step, as the sampler's step callbacks mark them
         self.diffusion_model = None
         self.installed = False
         self.block_forwards = 0
@@ -163,6 +167,8 @@ class StageCache:
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
         refuse_block_patches(model.model_options.get("transformer_options", {}), self.stage, self.turn_off)
+        if self.own_calls:
+            self.calls.attach(model)
         model.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, KEY, self.sampler_sample)
         model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY, self.calc_cond_batch)
         model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, self.diffusion_model_call)
@@ -188,8 +194,6 @@ class StageCache:
                                   "expert?): keep one of them")
         # A stage capped at 0 cached evaluations runs without the cache, and its report says why (core.skip_note).
         self.installed = self.plan.settings(self.role).max_cached_steps != 0
-        args, kwargs = with_argument(executor, args, kwargs, "callback",
-                                     self.step_callback(call_argument(executor, args, kwargs, "callback")))
         counters, indexed = [], SwappedForwards(self.diffusion_model.blocks, indexed_forward)
         failed = True
         try:
@@ -198,8 +202,6 @@ class StageCache:
                 indexed.install()
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
-            if self.evaluations > sum(self.per_step):  # after the sampler's last step callback, if any
-                self.per_step.append(self.evaluations - sum(self.per_step))
             self.outcome = self.backend.outcome(self.diffusion_model) if self.installed else None
             self.held = self.backend.held(self.diffusion_model) if self.installed else None
             failed = False
@@ -216,13 +218,6 @@ class StageCache:
                 # the stage's own error is the one the user needs: this one goes to the log only
                 logging.exception("Wan2.2 Cache-DiT: removing the cache after the %s stage's error also failed",
                                   STAGE_WORDS[self.stage])
-
-    def step_callback(self, callback):
-        """The sampler's step callback, marking where each step's evaluations end."""
-        def step_done(i, *args, **kwargs):
-            self.per_step.append(self.evaluations - sum(self.per_step))
-            return None if callback is None else callback(i, *args, **kwargs)
-        return step_done
 
     def count_block(self, _module, _args, _output):
         self.block_forwards += 1
@@ -248,7 +243,6 @@ class StageCache:
         elif present != self.prompts:
             raise self.changed(f"an evaluation with the prompts {describe_calls([present])} where the stage began "
                                f"with {describe_calls([self.prompts])} (a guidance node that runs the model again?)")
-        self.evaluations += 1
         self.calls_now = []
         out = executor(*args, **kwargs)
         calls, self.calls_now = tuple(self.calls_now), None
@@ -326,7 +320,7 @@ class StageCache:
 
     def statistics(self, layers: int) -> dict:
         """The stage's entry in a report, once it has run."""
-        seen = core.StageSeen(evaluations=self.evaluations, calls=self.evaluations * len(self.pattern or ()),
+        seen = core.StageSeen(evaluations=self.calls.evaluations, calls=self.calls.calls,
                               cfg_batching=self.cfg_batching, pass_order=self.pass_order,
                               block_forwards=self.block_forwards,
                               config=self.backend.describe(self.plan, self.role, self.cfg_batching == "separate"))
