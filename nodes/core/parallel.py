@@ -51,12 +51,6 @@ class ParallelPlan:
         return "cfg" if self.split in ("auto", "cfg") and float(cfg) > 1.0 and self.workers % PROMPTS == 0 \
             else "ulysses"
 
-    def mesh(self, stage_split: str) -> tuple[int, int]:
-        """(workers per prompt group, workers per sequence): how many ways a stage of this split shares the
-        prompts and each sequence; the product is the workers."""
-        prompts = PROMPTS if stage_split == "cfg" else 1
-        return prompts, self.workers // prompts
-
 
 def mesh_groups(world: int, prompts: int) -> tuple[list[list[int]], list[list[int]]]:
     """The ranks of a mesh of `prompts` x (world / prompts): the sequence groups (the ranks that split one

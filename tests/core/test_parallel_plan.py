@@ -94,8 +94,6 @@ def test_the_mesh_groups_consecutive_ranks_by_prompt_and_matching_places_by_sequ
     assert parallel.mesh_groups(6, 2) == ([[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]])
     assert parallel.mesh_groups(2, 2) == ([[0], [1]], [[0, 1]])
     assert [parallel.mesh_place(r, 4, 2) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    four = plan(workers=4, ulysses_degree=4, split="auto")
-    assert four.mesh(four.stage_split(3.5)) == (2, 2) and four.mesh(four.stage_split(1.0)) == (1, 4)
 
 
 def test_the_report_gives_each_ranks_time_and_communication_share():
@@ -127,7 +125,7 @@ def test_a_split_that_cannot_run_is_refused_by_name():
     assert refusal(workers=3, ulysses_degree=3, split="cfg").startswith(
         "split: the CFG split shares the two prompts of each evaluation between two halves of the workers, and 3 "
         "workers do not halve")
-    assert plan(workers=6, ulysses_degree=6, split="cfg").mesh("cfg") == (2, 3)
+    assert plan(workers=6, ulysses_degree=6, split="cfg").stage_split(3.5) == "cfg"  # a 2 x 3 mesh
 
 
 def test_the_report_says_how_each_stage_was_split():
