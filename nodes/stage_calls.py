@@ -1,6 +1,6 @@
 """What one stage's sampling really does, counted once, through wrappers on the stage's own clone: the sigmas
 it steps through (checked against the schedule's before any step runs: the split was counted from those), the
-sampler's evaluations of the prompts and where each step's end, and the transformer calls with the prompts
+sampler's evaluations of the prompts and where each step ends, and the transformer calls with the prompts
 batched into them. The engine reads it for the run's record, and a stage's cache (stage_cache.py) for its
 statistics."""
 
