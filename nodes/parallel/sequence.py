@@ -102,17 +102,19 @@ class SequenceParallel:
     cache-dit while the stage ran."""
 
     def __init__(self, rank: int, world: int, cancelled, splits: dict[str, str] | None = None,
-                 mesh: dict[int, Mesh] | None = None):
+                 meshes: dict[int, Mesh] | None = None):
         self.rank, self.world = rank, world
         self.cancelled = cancelled  # () -> bool: this run was cancelled
         self.splits = dict(splits or {})  # stage -> "cfg" | "ulysses" (core.ParallelPlan.stage_split)
-        self.meshes = mesh or {1: Mesh(1, world, 0, rank)}  # meshes(): made once per pool
+        self.meshes = meshes or {1: Mesh(1, world, 0, rank)}  # meshes(): made once per pool
         self.ran: dict[str, set] = {}  # stage -> the splits its calls really ran with
         self.comm_seconds = 0.0
         self.contexts: dict[str, list] = {}
         self.in_self_attention = False
         self.mesh = None  # the current call's mesh
-        self.tokens, self.sizes = None, None  # the current call's sequence, and each rank's share of it
+        # the current call's sequence, each rank's share of it, and this rank's tokens
+        self.tokens, self.sizes, self.part = None, None, None
+        self.unweigh = None  # undoes the current call's weighing of the cache's statistic, if any
         self.inner = None  # the MODEL's own attention override, if any, for the current call
 
     def attach(self, model, stage: str) -> None:
@@ -241,15 +243,15 @@ class SequenceParallel:
                 self.tokens = x.shape[1]
                 core.check_sequence(self.tokens, m.sequence)
                 self.sizes = core.shard_sizes(self.tokens, m.sequence)
-                x = x[:, core.shard(self.tokens, m.sequence, m.place)]
+                self.part = core.shard(self.tokens, m.sequence, m.place)
+                x = x[:, self.part]
                 weight = core.statistic_weight(self.tokens, m.sequence, m.place)
                 if weight != 1.0 and self.unweigh is None:
                     self.unweigh = cache_dit_backend.weigh_statistic(diffusion_model, weight)
-            part = core.shard(self.tokens, m.sequence, m.place)
             for name in ("freqs", "e"):  # per-token inputs follow the tokens; per-video ones stay whole
                 value = kwargs.get(name)
                 if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[1] == self.tokens > 1:
-                    kwargs[name] = value[:, part]
+                    kwargs[name] = value[:, self.part]
             out = inner(x, *args, **kwargs)
             return self.gather(out, 1, m.sequence_group, self.sizes) if last else out
         return forward
@@ -276,11 +278,12 @@ class SequenceParallel:
         d = width // heads
         local = core.local_heads(heads, m.sequence)
         most = max(sizes)
+        even = most * m.sequence == self.tokens  # every share the same length: nothing to pad or drop
 
         def scatter_heads(t):  # [b, own tokens, heads, d] -> [b, every token, own heads, d]
             t = F.pad(t.reshape(b, s, heads, d), (0, 0, 0, local * m.sequence - heads, 0, most - s))
             t = self.timed(all_to_all, t, 2, 1, m.sequence_group)
-            return t if most * m.sequence == self.tokens else \
+            return t if even else \
                 torch.cat([t[:, j * most:j * most + size] for j, size in enumerate(sizes)], dim=1)
 
         q, k, v = (scatter_heads(t) for t in (q, k, v))
@@ -288,7 +291,7 @@ class SequenceParallel:
         rest = dict(kwargs, heads=local)
         out = self.attend(func, q.reshape(b, n, local * d), k.reshape(b, n, local * d),
                           v.reshape(b, n, local * d), *args[4:], **rest).reshape(b, n, local, d)
-        if most * m.sequence != self.tokens:  # each rank's tokens padded to the longest share again
+        if not even:  # each rank's tokens padded to the longest share again
             out = torch.cat([F.pad(part, (0, 0, 0, 0, 0, most - part.shape[1]))
                              for part in out.split(sizes, dim=1)], dim=1)
         out = self.timed(all_to_all, out, 1, 2, m.sequence_group)
