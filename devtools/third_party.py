@@ -1,4 +1,5 @@
-"""The third-party packs that Wan2.2 users run beside ours (ComfyUI-GGUF, KJNodes), for interop tests only.
+"""The third-party packs that Wan2.2 users run beside ours (ComfyUI-GGUF, KJNodes), for interop tests, and the
+peers the quality benchmark compares against (ComfyUI-Spectrum-WAN-Proper, bench/peers.py).
 
 They are not dependencies of the pack and are not in the repository: the tests take unmodified copies from
 a folder beside the checkout (`../shared/third_party`, or the folder `WAN22_THIRD_PARTY` names), link them
@@ -12,7 +13,8 @@ import os
 from .paths import ROOT
 
 FOLDER = os.environ.get("WAN22_THIRD_PARTY") or os.path.join(os.path.dirname(ROOT), "shared", "third_party")
-PACKS = {"gguf": ("ComfyUI-GGUF", "UnetLoaderGGUF"), "kjnodes": ("ComfyUI-KJNodes", "PathchSageAttentionKJ")}
+PACKS = {"gguf": ("ComfyUI-GGUF", "UnetLoaderGGUF"), "kjnodes": ("ComfyUI-KJNodes", "PathchSageAttentionKJ"),
+         "spectrum": ("ComfyUI-Spectrum-WAN-Proper", "SpectrumApplyWAN")}
 
 
 def missing(pack: str) -> str | None:
