@@ -14,12 +14,37 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-def write_results(stem: str, heading: str, text: str, results: dict, note: str = "") -> None:
-    """bench/results/{stem}.json (the figures) and {stem}.md (the table under a heading, the run's config),
-    and the table printed."""
+RESULTS = os.path.join(ROOT, "bench", "results")
+QUICK_NOTE = ("A smoke test of the script (--quick): a tiny model and one round; its figures claim nothing, and no "
+              "target is judged. ")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer of at least `minimum`. argparse names the option in the error it prints
+    (`argument --repeats: 0: must be at least 1`), where a count the benchmark cannot use would crash later."""
+    import argparse
+
+    def parse(text: str) -> int:
+        value = int(text)  # not an integer: argparse's own "invalid int value"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: must be at least {minimum}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def add_output_arguments(parser, quick_help: str) -> None:
+    """`--quick` (a smoke test: its results go to {stem}_quick.*, never over the kept ones) and `--results-dir`."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--results-dir", default=RESULTS,
+                        help="where the results are written (default bench/results; --quick writes *_quick.* there)")
+
+
+def write_results(stem: str, heading: str, text: str, results: dict, note: str = "", folder: str = RESULTS) -> None:
+    """{folder}/{stem}.json (the figures) and {stem}.md (the table under a heading, the run's config), and the
+    table printed."""
     import json
 
-    folder = os.path.join(ROOT, "bench", "results")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{stem}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
@@ -75,16 +100,25 @@ def tiny_experts(base: str, expert: dict):
 
 
 def repeats_main(doc: str, measure, table, stem: str, heading: str, note: str = "") -> int:
-    """The command line of a benchmark that takes `--repeats` and `--quick`: measure, print, write."""
+    """The command line of a benchmark that takes `--repeats`, `--quick` and `--results-dir`: measure, print,
+    write. `--quick` runs one round unless `--repeats` says otherwise, and writes {stem}_quick.* under a heading
+    that says it claims nothing."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=doc)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="a tiny model, for a smoke test")
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=at_least(1), help="timed rounds (default 5; 1 with --quick)")
+    add_output_arguments(parser, "a tiny model and one round: a smoke test of the script, no figures")
     args = parser.parse_args()
+    repeats = args.repeats or (1 if args.quick else 5)
+    if args.quick:
+        torch.set_num_threads(1)  # two threads on two shared cores stall many times over when another process runs
     torch.manual_seed(0)
-    results = measure(args.repeats, args.quick)
-    write_results(f"{stem}_quick" if args.quick else stem, heading, table(results), results, note)
+    results = measure(repeats, args.quick)
+    if args.quick:
+        write_results(f"{stem}_quick", f"{heading}: --quick, a smoke test", table(results), results, QUICK_NOTE,
+                      args.results_dir)
+    else:
+        write_results(stem, heading, table(results), results, note, args.results_dir)
     return 0
 
 

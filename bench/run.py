@@ -9,11 +9,30 @@ on the same experts, loaded once by ComfyUI's own loader, from the same noise an
   leftover noise, switch -> end), as `nodes.common_ksampler` runs them;
 - native + EasyCache: the same with ComfyUI's own EasyCache node, at its defaults, on both experts;
 - ours: our schedule and two-stage sampler, without a cache (must be the native latent, bit for bit), with
-  the Cache-DiT defaults, and with TaylorSeer.
+  Cache-DiT at CACHE_THRESHOLD (0.24) and the node's other defaults, and the same with TaylorSeer.
 
-The weights are random: the errors say how far caching moves this run, not how a real video looks.
+The weights are random, and random experts do not denoise: at the Cache-DiT node's default threshold (0.05,
+chosen on the trained test bed) their residuals change too much between steps for any step to be cached, so
+the cached rows would time the hooks only. They run at 0.24 instead, where these experts cache every step the
+plan's caps allow (measured, see CACHE_THRESHOLD). That threshold says nothing of quality, nor do the error
+columns: they say how far caching moves this run, not how a real video looks (bench/quality.py measures
+quality, on the trained test bed). Each target says what it can show here:
 
-    .venv/bin/python -m bench.run [--repeats N] [--device cpu|cuda]
+- ours without cache / native (wall) <= 1.02: the pack's sampler costs no more than ComfyUI's own graph;
+- max abs difference to native with the cache off == 0: the pack's sampler is the native graph, bit for bit;
+- speed-up at 0.24 >= 1.6: the steps cached reach the wall clock (how many are cached is these random
+  weights' doing, not a real video's);
+- speed-up per block skipped (the speed-up over the block-forward ratio, its ceiling) >= 0.9: the cache's own
+  work (hooks, residual checks) eats less than a tenth of what skipping blocks saves;
+- relative L2 at 0.24 <= 0.02: a sanity bound (a cache that reused the wrong residual, another expert's or
+  another prompt's, moves the latent far more), not a quality figure;
+- at equal or lower relative L2, at least EasyCache's speed-up: EasyCache at its defaults on the same random
+  experts, a comparison of what each skips here, not of quality.
+
+`--quick` is a smoke test of the script: a 4-block expert, a 16-token latent, one round on one torch thread; it
+writes latest_quick.* and judges only the bit-identity with the cache off (its figures claim nothing).
+
+    .venv/bin/python -m bench.run [--repeats N] [--device cpu|cuda] [--quick] [--results-dir DIR]
 """
 
 from __future__ import annotations
@@ -27,18 +46,42 @@ import tempfile
 
 import torch
 
-from bench.common import ROOT, Runs, Timer, cache_columns, interleaved, round_speedups
+from bench.common import (QUICK_NOTE, Runs, Timer, add_output_arguments, at_least, cache_columns, interleaved,
+                          round_speedups)
+from bench.common import RESULTS  # noqa: F401 (bench/quality.py imports it from here)
 
-RESULTS = os.path.join(ROOT, "bench", "results")
 # The real experts' depth (40 blocks), so that the blocks, which the cache skips, take the share of a forward
 # they take in the real experts and the embeddings and head around them stay a small part; a narrow width
 # keeps one forward of cond + uncond near a quarter of a second on two CPU cores.
 SPEED_EXPERT = {"dim": 128, "ffn_dim": 512, "num_layers": 40}
 SPEED_LATENT = (1, 16, 5, 24, 24)  # 192x192 pixels, 17 frames
+QUICK_EXPERT = {"dim": 128, "ffn_dim": 256, "num_layers": 4}
+QUICK_LATENT = (1, 16, 1, 8, 8)  # 16 tokens
 RUN = {"sampler": "uni_pc", "scheduler": "simple", "steps": 20, "flow_shift": 12.0, "cfg_high": 4.0,
        "cfg_low": 3.0, "seed": 42}
-ACCEPTANCE = [("native_ratio", "<=", 1.02), ("native_max_abs", "==", 0.0), ("speedup_defaults", ">=", 1.6),
-              ("speedup_share", ">=", 0.9), ("rel_l2_defaults", "<=", 0.02)]
+# The cached variants' threshold, for these random experts only (it says nothing of quality). Each threshold run
+# once on them (RUN, SPEED_EXPERT, SPEED_LATENT, 2026-12-05): steps cached of 20 (high + low), block-forward ratio:
+#   0.05 (the node's default): 0 + 0, 1.00;  0.12: 8 + 1, 1.78;  0.16, 0.24, 0.5: 8 + 3, 2.16
+# (TaylorSeer at 0.24: the same 8 + 3). From 0.16 up they cache every step the plan's caps allow (high: warm-up 4
+# and at most 3 in a row; low: warm-up 2). 0.24 leaves a margin above 0.16, so that a small change to the
+# experts or the sampler does not move the count, and is the threshold the plumbing tests use on random weights
+# (tests/in_comfyui/prompts.RANDOM_WEIGHTS_THRESHOLD) and the shipped workflows were saved with.
+CACHE_THRESHOLD = 0.24
+# (key, op, bound, label, what it can show on random weights): the docstring says more.
+TARGETS = [
+    ("native_ratio", "<=", 1.02, "ours without cache / native (wall)",
+     "the pack's sampler costs no more than ComfyUI's graph"),
+    ("native_max_abs", "==", 0.0, "max abs difference to native, cache off", "bit for bit the native graph"),
+    ("speedup_cached", ">=", 1.6, f"speed-up, Cache-DiT at {CACHE_THRESHOLD}",
+     "the cached steps reach the wall clock (how many: the random weights' doing)"),
+    ("speedup_share", ">=", 0.9, "speed-up per block skipped (of the block-forward ratio, the ceiling)",
+     "the cache's own work eats under a tenth of what skipping saves"),
+    ("rel_l2_cached", "<=", 0.02, f"relative L2, Cache-DiT at {CACHE_THRESHOLD}",
+     "a sanity bound (a wrong residual reused moves it far more), not quality"),
+    ("beats_easycache", "==", True, "at equal or lower error, at least EasyCache's speed-up",
+     "what each skips on these random experts, not quality"),
+]
+ACCEPTANCE = [(key, op, bound) for key, op, bound, _label, _shows in TARGETS]
 
 
 def psnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
@@ -55,7 +98,7 @@ def rel_l2(reference: torch.Tensor, other: torch.Tensor) -> float:
 class Bench:
     """ComfyUI in this process with the pack loaded, and tiny experts loaded by ComfyUI's own loader."""
 
-    def __init__(self, base: str, device: str):
+    def __init__(self, base: str, device: str, expert: dict = SPEED_EXPERT, latent: tuple = SPEED_LATENT):
         from devtools import tiny_wan
         from devtools.comfy_inprocess import InProcessComfy
 
@@ -65,26 +108,28 @@ class Bench:
         folder = os.path.join(base, "models", "diffusion_models")
         models = {}
         for role, seed in (("high", 1), ("low", 2)):
-            path = tiny_wan.write_single_file(tiny_wan.make_expert("t2v", seed, **SPEED_EXPERT),
+            path = tiny_wan.write_single_file(tiny_wan.make_expert("t2v", seed, **expert),
                                               os.path.join(folder, f"bench_{role}.safetensors"), "fp32")
             models[role] = comfy.sd.load_diffusion_model(path)
         self.cache = self.comfy.pack("nodes.core.cache")
         self.runs = Runs(self.comfy, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=RUN["steps"],
                          flow_shift=RUN["flow_shift"], seed=RUN["seed"],
-                         cfg={"high": RUN["cfg_high"], "low": RUN["cfg_low"]}, latent_shape=SPEED_LATENT)
+                         cfg={"high": RUN["cfg_high"], "low": RUN["cfg_low"]}, latent_shape=latent)
 
 
-def measure(device: str, repeats: int) -> dict:
+def measure(device: str, repeats: int, quick: bool = False) -> dict:
+    expert, latent = (QUICK_EXPERT, QUICK_LATENT) if quick else (SPEED_EXPERT, SPEED_LATENT)
     with tempfile.TemporaryDirectory(prefix="wan22-bench-") as base:
-        bench = Bench(base, device)
-        plan = bench.cache.CachePlan()
+        bench = Bench(base, device, expert, latent)
+        plan = bench.cache.CachePlan(residual_diff_threshold=CACHE_THRESHOLD)  # not the node's default: see above
         runs = bench.runs
         variants = {
             "native": runs.native(),
             "native_easycache": runs.native(easycache=True),
             "ours": runs.ours("ours"),
             "ours_cachedit": runs.ours("ours_cachedit", plan),
-            "ours_taylorseer": runs.ours("ours_taylorseer", plan.__class__(calibrator="taylorseer")),
+            "ours_taylorseer": runs.ours("ours_taylorseer", plan.__class__(residual_diff_threshold=CACHE_THRESHOLD,
+                                                                          calibrator="taylorseer")),
         }
         timed = interleaved(Timer(torch.device(device)), variants, repeats)
         records = runs.records
@@ -99,11 +144,11 @@ def measure(device: str, repeats: int) -> dict:
     ours = rows["ours_cachedit"]
     easy = rows["native_easycache"]
     return {
-        "variants": rows, "split": split,
+        "variants": rows, "split": split, "cache_threshold": CACHE_THRESHOLD,
         "native_ratio": 1 / rows["ours"]["speedup"], "native_max_abs": rows["ours"]["max_abs"],
-        "speedup_defaults": ours["speedup"], "block_forward_ratio": ours["block_forward_ratio"],
-        "speedup_share": ours["speedup"] / ours["block_forward_ratio"], "rel_l2_defaults": ours["rel_l2"],
-        "psnr_defaults": ours["psnr_db"], "speedup_taylorseer": rows["ours_taylorseer"]["speedup"],
+        "speedup_cached": ours["speedup"], "block_forward_ratio": ours["block_forward_ratio"],
+        "speedup_share": ours["speedup"] / ours["block_forward_ratio"], "rel_l2_cached": ours["rel_l2"],
+        "psnr_cached": ours["psnr_db"], "speedup_taylorseer": rows["ours_taylorseer"]["speedup"],
         "rel_l2_taylorseer": rows["ours_taylorseer"]["rel_l2"], "speedup_easycache": easy["speedup"],
         "rel_l2_easycache": easy["rel_l2"],
         # At equal or lower error, our speed-up must be at least EasyCache's.
@@ -117,8 +162,8 @@ def holds(value, op, bound) -> bool:
 
 LABELS = {"native": "native: ModelSamplingSD3 + 2 KSamplerAdvanced",
           "native_easycache": "native + EasyCache (defaults)",
-          "ours": "ours, Cache-DiT off", "ours_cachedit": "ours, Cache-DiT defaults",
-          "ours_taylorseer": "ours, Cache-DiT + TaylorSeer"}
+          "ours": "ours, Cache-DiT off", "ours_cachedit": f"ours, Cache-DiT at {CACHE_THRESHOLD} (random weights)",
+          "ours_taylorseer": f"ours, Cache-DiT at {CACHE_THRESHOLD} + TaylorSeer"}
 
 
 def table(results: dict) -> str:
@@ -127,17 +172,13 @@ def table(results: dict) -> str:
     for name, row in results["variants"].items():
         lines.append(f"| {LABELS[name]} | {row['seconds']:.3f} | {row['speedup']:.2f}x | {row['rel_l2']:.4f} | "
                      f"{row['psnr_db']:.1f} | {row.get('block_forward_ratio', float('nan')):.2f} |")
-    lines += ["", "| measure | value | target |", "|---|---|---|"]
-    checks = [("ours without cache / native (wall)", "native_ratio", "<= 1.02"),
-              ("max abs difference to native, cache off", "native_max_abs", "0"),
-              ("speed-up, Cache-DiT defaults", "speedup_defaults", ">= 1.6"),
-              ("of the block-forward ratio (the ceiling)", "speedup_share", ">= 0.9"),
-              ("relative L2, Cache-DiT defaults", "rel_l2_defaults", "<= 0.02"),
-              ("at equal or lower error, at least EasyCache's speed-up", "beats_easycache", "True")]
-    for label, key, target in checks:
+    lines += ["", "| measure | value | target | what it can show (random weights) |", "|---|---|---|---|"]
+    for key, op, bound, label, shows in TARGETS:
         value = results[key]
-        lines.append(f"| {label} | {value:.4g} | {target} |" if isinstance(value, float) else
-                     f"| {label} | {value} | {target} |")
+        shown = f"{value:.4g}" if isinstance(value, float) else f"{value}"
+        bound_text = f"{bound:g}" if isinstance(bound, float) else f"{bound}"
+        target = bound_text if op == "==" else f"{op} {bound_text}"
+        lines.append(f"| {label} | {shown} | {target} | {shows} |")
     return "\n".join(lines)
 
 
@@ -162,30 +203,47 @@ def chart(results: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+HEADING_NOTE = (f"The cached rows run at threshold {CACHE_THRESHOLD}, where these random experts cache (at the node's "
+                "default they cache nothing); it says nothing of quality, nor do the error columns (bench/quality.py "
+                "measures quality on the trained test bed). ")
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=at_least(1), help="timed rounds (default 5; 1 with --quick)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_output_arguments(parser, "a 4-block expert, 16 tokens, one round: a smoke test of the script, no figures "
+                                 "(judges only the bit-identity with the cache off)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
+    repeats = args.repeats or (1 if args.quick else 5)
+    expert, latent = (QUICK_EXPERT, QUICK_LATENT) if args.quick else (SPEED_EXPERT, SPEED_LATENT)
+    if args.quick:
+        torch.set_num_threads(1)  # two threads on two shared cores stall many times over when another process runs
     torch.manual_seed(0)
-    print(f"[bench] experts {SPEED_EXPERT}, latent {SPEED_LATENT}, {RUN}, {args.repeats} interleaved repeats")
-    results = measure(args.device, args.repeats)
-    results["config"] = {"expert": SPEED_EXPERT, "latent": list(SPEED_LATENT), "run": RUN, "repeats": args.repeats,
-                         "device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+    print(f"[bench] experts {expert}, latent {latent}, {RUN}, Cache-DiT at {CACHE_THRESHOLD}, {repeats} interleaved "
+          f"repeats{' (--quick: a smoke test, no figures)' if args.quick else ''}")
+    results = measure(args.device, repeats, args.quick)
+    results["config"] = {"expert": expert, "latent": list(latent), "run": RUN, "cache_threshold": CACHE_THRESHOLD,
+                         "repeats": repeats, "quick": args.quick, "device": args.device,
+                         "threads": torch.get_num_threads(), "torch": torch.__version__,
                          "machine": platform.machine(), "cpu_count": os.cpu_count()}
     results["acceptance"] = {key: holds(results[key], op, bound) for key, op, bound in ACCEPTANCE}
-    results["acceptance"]["beats_easycache"] = results["beats_easycache"]
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "latest.json"), "w", encoding="utf-8") as f:
+    stem = "latest_quick" if args.quick else "latest"
+    os.makedirs(args.results_dir, exist_ok=True)
+    with open(os.path.join(args.results_dir, f"{stem}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     text = table(results)
-    with open(os.path.join(RESULTS, "latest.md"), "w", encoding="utf-8") as f:
-        f.write(f"# Benchmark ({args.device}, random weights)\n\n{text}\n\nConfig: `{json.dumps(results['config'])}`\n")
-    chart(results, os.path.join(RESULTS, "latest.png"))
+    heading = f"Benchmark ({args.device}, random weights{', --quick: a smoke test' if args.quick else ''})"
+    note = (QUICK_NOTE if args.quick else "") + HEADING_NOTE
+    with open(os.path.join(args.results_dir, f"{stem}.md"), "w", encoding="utf-8") as f:
+        f.write(f"# {heading}\n\n{text}\n\n{note}Config: `{json.dumps(results['config'])}`\n")
+    chart(results, os.path.join(args.results_dir, f"{stem}.png"))
     print(text)
-    print(f"[bench] written: {os.path.join(RESULTS, 'latest.json')}, latest.md, latest.png")
+    print(f"[bench] written: {os.path.join(args.results_dir, stem + '.json')}, {stem}.md, {stem}.png")
+    if args.quick:  # the figures claim nothing; the cache off must still be the native graph, bit for bit
+        return 0 if results["acceptance"]["native_max_abs"] else 1
     return 0 if all(results["acceptance"].values()) else 1
 
 
