@@ -25,9 +25,12 @@ Torch runs on one thread: two threads on the two cores of a shared machine slow 
 whenever another process takes a core. The weights are random: the errors say how far caching moves this
 run, not how a real video looks.
 
-Prints a table and writes bench/results/few_steps.{json,md,png} (--quick: few_steps_quick.*, a smoke test).
+Prints a table and writes bench/results/few_steps.{json,md,png}. --quick is a smoke test of the script (a
+4-block expert, 16 tokens, 4 and 20 steps, one round, two thresholds per method; its figures claim nothing):
+it writes few_steps_quick.* instead.
 
     .venv/bin/python -m bench.few_steps [--budget-s S] [--repeats N] [--steps 4 8 ...] [--threads 1] [--quick]
+                                        [--results-dir DIR]
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ import time
 
 import torch
 
-from bench.common import Runs, Timer, finish_grid, interleaved, plot_grid, round_speedups, text_embeddings
-from bench.run import RESULTS, SPEED_EXPERT, Bench, rel_l2
+from bench.common import (QUICK_NOTE, Runs, Timer, add_output_arguments, at_least, finish_grid, interleaved,
+                          plot_grid, round_speedups, text_embeddings)
+from bench.run import QUICK_EXPERT, SPEED_EXPERT, Bench, rel_l2
 
 LATENT = (1, 16, 1, 16, 16)  # 128x128 pixels, 1 frame: 64 tokens, so that the whole sweep fits in ~15 minutes
 # Text positions (the first 24 the prompt's): fewer than umt5's 512, so that the text embedding, which runs outside
@@ -211,7 +215,7 @@ def measure(step_counts, latent: tuple, repeats: int, budget_s: float, quick: bo
     """Each step count gets an equal part of what is left of the budget (a step count that needs less leaves
     the rest to the next ones); each gets its first round whatever the budget."""
     with tempfile.TemporaryDirectory(prefix="wan22-few-steps-") as base:
-        bench = Bench(base, "cpu")
+        bench = Bench(base, "cpu", QUICK_EXPERT if quick else SPEED_EXPERT)
         import comfy.utils
 
         comfy.utils.set_progress_bar_enabled(False)
@@ -274,41 +278,46 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=780.0,
                         help="seconds for the timed rounds of all step counts together (each gets its first round)")
-    parser.add_argument("--repeats", type=int, default=5, help="at most this many rounds per step count")
+    parser.add_argument("--repeats", type=at_least(1), default=5, help="at most this many rounds per step count")
     parser.add_argument("--steps", type=int, nargs="+", choices=list(STEPS), help="step counts (default: all)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=at_least(1), default=1,
                         help="torch threads: 1, because two threads on two shared cores slow down many times over "
                              "whenever another process takes a core")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"smoke test: latent {QUICK_LATENT}, steps {QUICK_STEPS}, one round, two thresholds each")
+    add_output_arguments(parser, f"smoke test: a {QUICK_EXPERT['num_layers']}-block expert, latent {QUICK_LATENT}, "
+                                 f"steps {QUICK_STEPS}, one round, two thresholds each")
     args = parser.parse_args()
+    if args.budget_s < 0:
+        parser.error(f"--budget-s {args.budget_s:g}: must be 0 or more")
     latent, step_counts = (QUICK_LATENT, list(QUICK_STEPS)) if args.quick else (LATENT, list(STEPS))
     step_counts = args.steps or step_counts
     repeats = 1 if args.quick else args.repeats
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started = time.perf_counter()
-    print(f"[few_steps] experts {SPEED_EXPERT}, latent {latent}, steps {step_counts}, up to {repeats} rounds, "
+    expert = QUICK_EXPERT if args.quick else SPEED_EXPERT
+    print(f"[few_steps] experts {expert}, latent {latent}, steps {step_counts}, up to {repeats} rounds, "
           f"budget {args.budget_s:.0f} s, {torch.get_num_threads()} threads", flush=True)
     results = measure(step_counts, latent, repeats, args.budget_s, args.quick)
     wall = time.perf_counter() - started
-    config = {"expert": SPEED_EXPERT, "latent": list(latent), "text_tokens": TEXT_TOKENS, "seed": SEED,
+    config = {"expert": expert, "latent": list(latent), "text_tokens": TEXT_TOKENS, "seed": SEED,
               "repeats": repeats,
               "budget_s": args.budget_s, "quick": args.quick, "wall_s": round(wall, 1),
               "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
               "cpu_count": os.cpu_count()}
-    os.makedirs(RESULTS, exist_ok=True)
+    folder = args.results_dir
+    os.makedirs(folder, exist_ok=True)
     name = "few_steps_quick" if args.quick else "few_steps"
-    with open(os.path.join(RESULTS, f"{name}.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:
         json.dump({"config": config, "step_counts": results, "rows": rows(results)}, f, indent=2, default=str)
     text = table(results)
-    with open(os.path.join(RESULTS, f"{name}.md"), "w", encoding="utf-8") as f:
-        f.write(f"# Few steps: speed-up against relative L2 (cpu, random weights)\n\n{text}\n\n"
+    with open(os.path.join(folder, f"{name}.md"), "w", encoding="utf-8") as f:
+        f.write(f"# Few steps: speed-up against relative L2 (cpu, random weights"
+                f"{', --quick: a smoke test' if args.quick else ''})\n\n{text}\n\n{QUICK_NOTE if args.quick else ''}"
                 f"Thresholds of a method that ran the same as a lower one (same blocks, bit-identical latent) share "
                 f"its timing. Plot: `{name}.png`. Config: `{json.dumps(config)}`\n")
-    chart(results, os.path.join(RESULTS, f"{name}.png"))
+    chart(results, os.path.join(folder, f"{name}.png"))
     print(text)
-    print(f"[few_steps] {wall:.0f} s; written: {os.path.join(RESULTS, name)}.json, .md, .png")
+    print(f"[few_steps] {wall:.0f} s; written: {os.path.join(folder, name)}.json, .md, .png")
     return 0
 
 
