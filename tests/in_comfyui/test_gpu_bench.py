@@ -19,5 +19,7 @@ def test_the_gpu_benchmark_runs_every_variant_on_its_tiny_shape_and_writes_its_t
     assert rows["ours"]["max_abs"] == 0.0  # Cache-DiT off: the native graph, bit for bit
     assert rows["native_easycache"]["rel_l2"] > 0  # EasyCache really skipped steps
     assert all(r["seconds_per_step"] > 0 and r["speedups"] for r in rows.values())
+    # at its explicit threshold these random experts cache (at the node's default they cache nothing)
+    assert rows["ours_cachedit"]["cached_steps"]["high"] and rows["ours_cachedit"]["block_forward_ratio"] > 1
     assert results["split"] == [6, 2] and results["config"]["num_layers"] == 8
-    assert "| ours, Cache-DiT defaults |" in run.stdout
+    assert f"| ours, Cache-DiT on at {results['config']['cache_threshold']:g} |" in run.stdout
