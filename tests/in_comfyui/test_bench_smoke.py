@@ -1,0 +1,113 @@
+"""Every benchmark of `make bench` run in its quick mode, as a command, so that a change that breaks one fails
+the suite instead of `make bench`: each exits 0 and writes its *_quick results, holding what the full run
+writes, into a temporary folder (never over bench/results). Counts a benchmark cannot use are refused by
+name before anything starts. bench/quality.py's quick mode is tested with it elsewhere; bench/gpu.py by
+test_gpu_bench.py.
+
+Seconds each, measured 2026-12-05 on two CPU cores that two other processes kept busy (expect less on idle
+cores): bench.run 14, bench.endurance 46 (a server starts), bench.few_steps 15, bench.compile 50 (inductor
+compiles the whole model once), bench.parallel 36 (two Ray workers start); the refusals well under a second
+all together (argparse, in this process).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from devtools.paths import ROOT
+
+HANG_GUARD_S = 1800  # each takes well under a minute on idle cores; this only guards against a hang
+
+
+def quick(module: str, results_dir, *args) -> subprocess.CompletedProcess:
+    run = subprocess.run([sys.executable, "-m", module, "--quick", "--results-dir", str(results_dir), *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def written(results_dir, name: str) -> dict:
+    path = results_dir / name
+    assert path.exists(), sorted(p.name for p in results_dir.iterdir())
+    return json.loads(path.read_text())
+
+
+def test_bench_run_quick(tmp_path):
+    quick("bench.run", tmp_path)
+    results = written(tmp_path, "latest_quick.json")
+    assert list(results["variants"]) == ["native", "native_easycache", "ours", "ours_cachedit", "ours_taylorseer"]
+    assert results["native_max_abs"] == 0.0 and results["acceptance"]["native_max_abs"]  # cache off: bit for bit
+    assert results["config"]["quick"] and results["config"]["cache_threshold"] == results["cache_threshold"]
+    # the threshold is one at which random experts cache: the cached rows time the cache, not its hooks alone
+    assert results["block_forward_ratio"] > 1.0, results["variants"]["ours_cachedit"]
+    assert {"speedup_cached", "speedup_share", "rel_l2_cached", "beats_easycache"} <= set(results["acceptance"])
+    assert (tmp_path / "latest_quick.md").exists() and (tmp_path / "latest_quick.png").exists()
+
+
+def test_bench_endurance_quick(tmp_path):
+    quick("bench.endurance", tmp_path)
+    results = written(tmp_path, "endurance_quick.json")
+    assert results["ok"] and results["prompts"] == 4
+    assert results["valid_ok"] == results["valid"] == 2 and results["split_mismatches"] == []
+    assert results["interrupted"] == 1 and results["invalid_clear"] == results["invalid"] == 1
+    assert results["first_prompt_repeats"] and not results["rss_growth_judged"]
+
+
+def test_bench_few_steps_quick(tmp_path):
+    quick("bench.few_steps", tmp_path)
+    results = written(tmp_path, "few_steps_quick.json")
+    assert [r["steps"] for r in results["step_counts"]] == [4, 20] and results["config"]["quick"]
+    methods = {row["method"] for row in results["rows"]}
+    assert methods == {"ours_defaults", "ours_warmup1", "ours_uncapped", "easycache", "lazycache"}
+    assert all(row["speedup"] > 0 and row["blocks"] > 0 for row in results["rows"])
+    assert (tmp_path / "few_steps_quick.png").exists()
+
+
+def test_bench_compile_quick(tmp_path):
+    quick("bench.compile", tmp_path)
+    results = written(tmp_path, "compile_quick.json")
+    assert list(results["variants"]) == [f"{mode}, cache {c}" for mode in ("eager", "whole model", "per block")
+                                         for c in ("off", "on")]
+    rows = results["variants"]
+    assert all(row["graphs_compiled_in_timed_runs"] == 0 for row in rows.values())
+    assert rows["eager, cache off"]["rel_l2"] == 0.0 and rows["eager, cache on"]["block_forward_ratio"] > 1.0
+    assert results["config"]["quick"] and (tmp_path / "compile_quick.md").exists()
+
+
+def test_bench_parallel_quick(tmp_path):
+    pytest.importorskip("ray", reason="the parallel plan needs Ray (requirements-dev.txt)")
+    pytest.importorskip("yunchang", reason="the parallel plan needs yunchang (requirements-dev.txt)")
+    quick("bench.parallel", tmp_path)
+    results = written(tmp_path, "parallel_quick.json")
+    rows = results["variants"]
+    assert len(rows) == 8 and results["config"]["quick"]
+    for name, row in rows.items():
+        if "2 workers" in name:
+            assert set(row["stage_splits"].values()) == {"cfg" if name.startswith("CFG 3.5") else "ulysses"}, name
+        if "cache on" in name:
+            assert row["cached_steps"]["high"] or row["cached_steps"]["low"], name
+    assert "holds" not in (tmp_path / "parallel_quick.md").read_text()  # a smoke test judges no target
+
+
+@pytest.mark.parametrize("module, args, option", [
+    ("bench.run", ["--repeats", "0"], "--repeats"),
+    ("bench.compile", ["--repeats", "0"], "--repeats"),
+    ("bench.parallel", ["--repeats", "-1"], "--repeats"),
+    ("bench.few_steps", ["--threads", "0"], "--threads"),
+    ("bench.few_steps", ["--repeats", "0"], "--repeats"),
+    ("bench.endurance", ["--prompts", "0"], "--prompts"),
+    ("bench.endurance", ["--prompts", "4", "--interrupts", "2", "--invalid", "2"], "--prompts"),
+    ("bench.endurance", ["--invalid", "4"], "--invalid"),
+])
+def test_counts_a_benchmark_cannot_use_are_refused_by_name(module, args, option, monkeypatch, capsys):
+    """In this process (argparse refuses before anything is loaded): exit status 2, the option named."""
+    import importlib
+
+    main = importlib.import_module(module).main
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert stopped.value.code == 2
+    assert option in capsys.readouterr().err
