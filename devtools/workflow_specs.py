@@ -8,7 +8,7 @@ from .standins import START_IMAGE, TEXT_FOLDER, UMT5, VAE
 from .tiny_wan import LORA_NAMES
 
 import_pack()
-from wan22_cachedit.nodes.core.cache import CachePlan  # noqa: E402
+from wan22_cachedit.nodes.core.cache import SAVED_CRITERION, CachePlan  # noqa: E402
 
 REPACKAGED = "https://huggingface.co/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files"
 UMT5_URL = ("https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/"
@@ -26,10 +26,12 @@ def node(id, type, pos, widgets=None, links=None, title=None):
 
 # The template's text-to-video expert files (ComfyUI's repackaged fp8 ones).
 T2V_EXPERTS = ("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors")
-# The shipped workflows were saved at 0.6.0's threshold 0.24 and keep it (saved workflows keep their values);
-# the node's default is now 0.05 (chosen on the trained test bed, README "Quality").
+# The shipped workflows were saved at 0.6.0's threshold 0.24 and keep it (saved workflows keep their values):
+# the threshold criterion, where the node's default is now the error criterion (README "Quality").
 SHIPPED_THRESHOLD = 0.24
-CACHE_DEFAULTS = {"enabled": True, **CachePlan().node_inputs(), "residual_diff_threshold": SHIPPED_THRESHOLD}
+SHIPPED_CACHE = {"residual_diff_threshold": SHIPPED_THRESHOLD, "criterion": SAVED_CRITERION, "high_warmup_steps": 4,
+                 "low_warmup_steps": 2}
+CACHE_DEFAULTS = {"enabled": True, **CachePlan().node_inputs(), **SHIPPED_CACHE}
 # Wan2.2's own default negative prompt, as ComfyUI's Wan2.2 templates carry it (garish colours, overexposed,
 # static, blurry details, subtitles, ... worst quality, low quality, JPEG artefacts, ugly, extra fingers, ...).
 NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，"
@@ -208,13 +210,14 @@ def t2v_template_cachedit_model() -> dict:
     between its Load Diffusion Model and its ModelSamplingSD3: each KSamplerAdvanced's call gets a context
     of its own for its 10 evaluations. Warm-ups and caps are the Two-Stage Sampler's per expert."""
     high, low = T2V_EXPERTS
-    plan = {**CachePlan().node_inputs(), "residual_diff_threshold": SHIPPED_THRESHOLD}
+    plan = {**CachePlan().node_inputs(), **SHIPPED_CACHE}
 
     def cache(role: str) -> dict:
         shared = {k: plan[k] for k in ("residual_diff_threshold", "first_compute_blocks", "last_compute_blocks",
                                        "max_continuous_cached_steps")}
         return {"enabled": True, **shared, "warmup_steps": plan[f"{role}_warmup_steps"],
-                "max_cached_steps": plan[f"{role}_max_cached_steps"], "calibrator": plan["calibrator"]}
+                "max_cached_steps": plan[f"{role}_max_cached_steps"], "calibrator": plan["calibrator"],
+                "criterion": plan["criterion"], "error_target": plan["error_target"]}
 
     common = {"steps": 20, "cfg": 3.5, "sampler_name": "euler", "scheduler": "simple"}
     nodes = native_text(TEMPLATE_PROMPT)

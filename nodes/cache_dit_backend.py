@@ -11,7 +11,9 @@ itself. Another cache method is another module with these functions (a test driv
 - `outcome(diffusion_model)`: what it did, `held(diffusion_model)`: the tensors it holds;
 - `contexts(diffusion_model)`: the configs of the contexts it holds on the model (tests and workers read them);
 - `weigh_statistic(diffusion_model, weight)`: for a worker whose shard of the sequence is longer or shorter
-  than an equal share, its residual statistic weighed before the workers average it (the parallel plan).
+  than an equal share, its residual statistic weighed before the workers average it (the parallel plan);
+- `decide_by(diffusion_model, choose, seen)`: each step decided with the threshold a criterion gives for
+  it (the error criterion, core.cache.ErrorAllowance), which hears each decision and the residual change.
 
 Each stage gets a context of its own, built when the stage's sampling starts and dropped when it ends, so
 cache-dit's step count (`num_inference_steps`, which only decides when a context it reuses restarts) stays
@@ -22,6 +24,7 @@ for every ComfyUI sampler, batched and separate CFG (measured on ComfyUI 0.30.0 
 from __future__ import annotations
 
 import logging
+import re
 
 from .core.cache import CachePlan
 from .core.logs import at_level
@@ -44,7 +47,7 @@ def config(plan: CachePlan, role: str, separate_cfg: bool | None):
     s = plan.settings(role)
     # A full config every time: a `.reset()` config cannot be a base config.
     return DBCacheConfig(Fn_compute_blocks=plan.first_compute_blocks, Bn_compute_blocks=plan.last_compute_blocks,
-                         residual_diff_threshold=plan.threshold(role), max_warmup_steps=s.warmup_steps,
+                         residual_diff_threshold=plan.residual_diff_threshold, max_warmup_steps=s.warmup_steps,
                          warmup_interval=1, max_cached_steps=s.max_cached_steps,
                          max_continuous_cached_steps=plan.max_continuous_cached_steps,
                          enable_separate_cfg=separate_cfg, cfg_compute_first=False)
@@ -60,8 +63,12 @@ def calibrator(plan: CachePlan):
 
 def describe(plan: CachePlan, role: str, separate_cfg: bool | None = None) -> str:
     """cache-dit's name for one expert's settings; with `separate_cfg` None, without the CFG part that each
-    stage decides when it runs (how ComfyUI batches the prompts; the sampler's report shows it)."""
-    return config(plan, role, separate_cfg).strify() + ("_T1" if plan.calibrator == "taylorseer" else "")
+    stage decides when it runs (how ComfyUI batches the prompts; the sampler's report shows it). With the error
+    criterion, its error target (E) stands where cache-dit prints the threshold (R), which it does not use."""
+    name = config(plan, role, separate_cfg).strify()
+    if plan.criterion == "error":
+        name = re.sub(r"_R[0-9.e+-]+", f"_E{plan.error_target:g}", name)
+    return name + ("_T1" if plan.calibrator == "taylorseer" else "")
 
 
 def describe_plan(plan: CachePlan) -> str:
@@ -143,6 +150,35 @@ def weigh_statistic(diffusion_model, weight: float):
         if vars(manager).get("similarity") is similarity:
             del manager.similarity
     return unweigh
+
+
+def decide_by(diffusion_model, choose, seen):
+    """Until the returned function is called, each step of the model's cache is decided with `choose()`
+    (read when cache-dit compares the step's first blocks' residual with the last computed step's) in place of
+    its config's, and `seen(diff, cached)` hears the comparison (the relative L1 change, and whether the step
+    is cached). A step cache-dit does not compare (warm-up, a cap reached) is not heard: it is computed.
+    cache-dit's similarity records the change it compared and decides `diff < threshold`; a threshold of 0
+    computes the step without comparing."""
+    manager = _manager(diffusion_model)
+    if manager is None or not is_cached(diffusion_model):
+        return lambda: None
+    original = manager.similarity
+
+    def similarity(t1, t2, *, threshold, **kwargs):
+        chosen = choose()
+        cached = original(t1, t2, threshold=chosen, **kwargs)
+        if chosen > 0:
+            separate = manager.is_separate_cfg_step()
+            diff = (manager.get_current_step_cfg_residual_diff() if separate
+                    else manager.get_current_step_residual_diff())
+            seen(float(diff or 0.0), bool(cached))
+        return cached
+    manager.similarity = similarity
+
+    def undecide():
+        if vars(manager).get("similarity") is similarity:
+            del manager.similarity
+    return undecide
 
 
 def contexts(diffusion_model) -> list[dict]:

@@ -9,7 +9,7 @@ import logging
 from comfy_api.latest import io
 
 from . import cache_dit_backend
-from .core.cache import CALIBRATORS, CachePlan, ExpertCacheSettings
+from .core.cache import CALIBRATORS, CRITERIA, MODEL_SHARE, SAVED_CRITERION, CachePlan, ExpertCacheSettings
 from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
 from .core.report import blocks_saved
@@ -26,11 +26,11 @@ def block_inputs() -> list:
     return [
         io.Float.Input("residual_diff_threshold", default=DEFAULTS["residual_diff_threshold"], min=0.001, max=1.0,
                        step=0.01,
-                       tooltip="A step is served from the cache when the first blocks' output changed less than this "
-                               "(relative L1) since the last computed step. Higher: faster, less exact. On the pack's "
-                               "trained test bed, 0.05 (the default) cost a median relative L2 of 0.016 at 20 steps "
-                               "and 0.019 at 40, computing 83% and 72% of the blocks; 0.24 cost 0.11 and 0.08. To "
-                               "ask for a quality instead, use the Wan2.2 Cache-DiT Error Budget node."),
+                       tooltip="With criterion threshold: a step is served from the cache when the first blocks' "
+                               "output changed less than this (relative L1) since the last computed step. Higher: "
+                               "faster, less exact. What a threshold costs depends on the model: on the pack's tuning "
+                               "bed 0.05 cost a median relative L2 of 0.016 at 20 steps, on a held-out bed it cached "
+                               "nothing. Unused by the error criterion."),
         io.Int.Input("first_compute_blocks", default=DEFAULTS["first_compute_blocks"], min=1, max=64, advanced=True,
                      tooltip="Blocks always computed at the start of each forward; their residual decides whether the "
                              "rest is cached."),
@@ -48,6 +48,26 @@ def calibrator_input():
                           advanced=True, tooltip="none: a cached step reuses the last computed residual. taylorseer: "
                                                  "cache-dit's TaylorSeer forecasts it from the last computed ones "
                                                  "(first order; it holds about 2.5 times the cache's memory).")
+
+
+def criterion_inputs() -> list:
+    """Both Cache-DiT nodes' criterion (added after workflows were saved: those keep the threshold)."""
+    return [
+        io.Combo.Input("criterion", options=list(CRITERIA), default=DEFAULTS["criterion"], optional=True,
+                       tooltip="error: each step's change to the final latent is estimated from this run's own "
+                               "statistics (the first blocks' residual change, the sampler's stride at that step, "
+                               "how much noise is left), and steps are cached while the cached ones fit "
+                               "error_target: the same meaning on any model, sampler, step count and shift. "
+                               "threshold: cache-dit's fixed residual_diff_threshold, whose cost differs from model "
+                               "to model (workflows saved before this input keep it)."),
+        io.Float.Input("error_target", default=DEFAULTS["error_target"], min=0.0, max=1.0, step=0.0005, round=0.0005,
+                       optional=True,
+                       tooltip="With criterion error: the change the cache may make to the run's final latent, "
+                               "estimated (relative L2 against the uncached run; 0.01 is hard to see, 0.05 a small "
+                               "change; 0 caches nothing). Half of it goes to each expert's stage (as independent "
+                               "errors add). It is an estimate: to hold a measured budget on your model, use the "
+                               "Wan2.2 Cache-DiT Error Budget node."),
+    ]
 
 
 def expert_inputs(role: str) -> list:
@@ -87,10 +107,15 @@ class Wan22CacheDiT(io.ComfyNode):
                 *expert_inputs("high"),
                 *expert_inputs("low"),
                 calibrator_input(),
+                *criterion_inputs(),
             ],
             outputs=[ExpertsType.Output(display_name="experts", tooltip="The experts with this cache plan.")],
             hidden=[io.Hidden.unique_id],
         )
+
+    # Inputs added after workflows were saved, with what those workflows run with (the canvas completes them).
+    ADDED_INPUTS = {"calibrator": DEFAULTS["calibrator"], "criterion": SAVED_CRITERION,
+                    "error_target": DEFAULTS["error_target"]}
 
     @classmethod
     def validate_inputs(cls, experts=None):
@@ -99,7 +124,8 @@ class Wan22CacheDiT(io.ComfyNode):
     @classmethod
     def execute(cls, experts, enabled, residual_diff_threshold, first_compute_blocks, last_compute_blocks,
                 max_continuous_cached_steps, high_warmup_steps, high_max_cached_steps, low_warmup_steps,
-                low_max_cached_steps, calibrator=DEFAULTS["calibrator"]) -> io.NodeOutput:
+                low_max_cached_steps, calibrator=DEFAULTS["calibrator"], criterion=SAVED_CRITERION,
+                error_target=DEFAULTS["error_target"]) -> io.NodeOutput:
         linked_given(experts=experts)
         if not enabled:
             return io.NodeOutput(experts.replace(cache_plan=None, cache_node=None), ui={"text": ["Cache-DiT off"]})
@@ -107,7 +133,8 @@ class Wan22CacheDiT(io.ComfyNode):
                          first_compute_blocks=first_compute_blocks, last_compute_blocks=last_compute_blocks,
                          max_continuous_cached_steps=max_continuous_cached_steps,
                          high=ExpertCacheSettings(high_warmup_steps, high_max_cached_steps),
-                         low=ExpertCacheSettings(low_warmup_steps, low_max_cached_steps), calibrator=calibrator)
+                         low=ExpertCacheSettings(low_warmup_steps, low_max_cached_steps), calibrator=calibrator,
+                         criterion=criterion, error_target=float(error_target))
         plan.check(experts.architecture.num_layers)
         hidden = getattr(cls, "hidden", None)
         handle = experts.replace(cache_plan=plan, cache_node=hidden.unique_id if hidden is not None else None)
@@ -120,12 +147,14 @@ MODEL_DEFAULTS = {"warmup_steps": DEFAULTS["high_warmup_steps"], "max_cached_ste
 
 
 def model_plan(residual_diff_threshold, first_compute_blocks, last_compute_blocks, max_continuous_cached_steps,
-               warmup_steps, max_cached_steps, calibrator) -> CachePlan:
+               warmup_steps, max_cached_steps, calibrator, criterion=SAVED_CRITERION,
+               error_target=DEFAULTS["error_target"]) -> CachePlan:
     """The plan of the MODEL node: one expert's settings (both roles of a CachePlan carry them)."""
     settings = ExpertCacheSettings(warmup_steps, max_cached_steps)
     return CachePlan(residual_diff_threshold=float(residual_diff_threshold), first_compute_blocks=first_compute_blocks,
                      last_compute_blocks=last_compute_blocks, max_continuous_cached_steps=max_continuous_cached_steps,
-                     high=settings, low=settings, calibrator=calibrator)
+                     high=settings, low=settings, calibrator=calibrator, criterion=criterion,
+                     error_target=float(error_target))
 
 
 class SampleCallCache(StageCache):
@@ -134,7 +163,7 @@ class SampleCallCache(StageCache):
     cache-dit's statistics go to the node's text on the canvas and to the log."""
 
     def __init__(self, plan: CachePlan, node_id: str | None, layers: int):
-        super().__init__(plan, "high", "model", turn_off=MODEL_TURN_OFF)
+        super().__init__(plan, "high", "model", turn_off=MODEL_TURN_OFF, share=MODEL_SHARE)
         self.node_id, self.layers = node_id, layers
 
     def sampler_sample(self, executor, *args, **kwargs):
@@ -209,10 +238,13 @@ class Wan22CacheDiTModel(io.ComfyNode):
                                      "20-40 steps, -1 here and in max_continuous_cached_steps gives the most speed. "
                                      + NO_LIMIT),
                 calibrator_input(),
+                *criterion_inputs(),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="The expert with the cache, for a KSampler.")],
             hidden=[io.Hidden.unique_id],
         )
+
+    ADDED_INPUTS = Wan22CacheDiT.ADDED_INPUTS
 
     @classmethod
     def validate_inputs(cls, model=None):
@@ -220,14 +252,15 @@ class Wan22CacheDiTModel(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, enabled, residual_diff_threshold, first_compute_blocks, last_compute_blocks,
-                max_continuous_cached_steps, warmup_steps, max_cached_steps,
-                calibrator=DEFAULTS["calibrator"]) -> io.NodeOutput:
+                max_continuous_cached_steps, warmup_steps, max_cached_steps, calibrator=DEFAULTS["calibrator"],
+                criterion=SAVED_CRITERION, error_target=DEFAULTS["error_target"]) -> io.NodeOutput:
         linked_given(model=model)
         if not enabled:
             return io.NodeOutput(model, ui={"text": ["Cache-DiT off"]})
         layers = len(wan_diffusion_model(model).blocks)
         plan = model_plan(residual_diff_threshold, first_compute_blocks, last_compute_blocks,
-                          max_continuous_cached_steps, warmup_steps, max_cached_steps, calibrator)
+                          max_continuous_cached_steps, warmup_steps, max_cached_steps, calibrator, criterion,
+                          error_target)
         plan.check(layers)
         hidden = getattr(cls, "hidden", None)
         cached = model.clone()

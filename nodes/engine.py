@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import nodes as comfyui_nodes
 
+from .core import cache as cache_core
 from .core.errors import Wan22InputError
 from .core.report import RunRecord, StepRecord
 from .core.schedule import RunSchedule
@@ -117,10 +118,12 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
                 if (kwargs := stage.model.model_options.get("torch_compile_kwargs"))}
     graphs = dynamo_graphs()
     out = latent
+    shares = cache_core.error_shares(record.stages)
     for stage in stages:
         calls = StageCalls(stage.name, stage.sigmas)
         calls.attach(stage.model)
-        cache = StageCache(plan, stage.role, stage.name, calls=calls) if plan is not None else None
+        cache = (StageCache(plan, stage.role, stage.name, calls=calls, share=shares[stage.name]) if plan is not None
+                 else None)
         if cache is not None:
             cache.attach(stage.model)
         if attach is not None:

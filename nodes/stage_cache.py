@@ -143,8 +143,9 @@ class StageCache:
     backend = cache_dit_backend  # the cache method: the one module that talks to it (a test swaps in a double)
 
     def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF,
-                 calls: StageCalls | None = None):
+                 calls: StageCalls | None = None, share: float = 0.5):
         self.plan, self.role, self.stage = plan, role, stage or role  # role: the expert whose settings apply
+        self.share = share  # the stage's share of the plan's error target (the error criterion)
         self.turn_off = turn_off  # what the user can do when the cache cannot follow a stage
         # what the stage's sampling does, counted once: the engine's StageCalls, or one of the cache's own
         self.own_calls = calls is None
@@ -163,6 +164,7 @@ class StageCache:
         self.block_forwards = 0
         self.outcome = None  # what the cache did, once the stage has run
         self.held = None  # the tensors it held at the stage's end: {"bytes", "devices"}
+        self.allowance = None  # the error criterion's share of the target, while the stage is cached by it
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
@@ -192,14 +194,19 @@ class StageCache:
                                   f"the {CARRIERS[self.stage]} is already cached by another Cache-DiT node in this "
                                   "sampling (a Wan2.2 Cache-DiT (MODEL) node and the Wan2.2 Cache-DiT node on one "
                                   "expert?): keep one of them")
-        # A stage capped at 0 cached evaluations runs without the cache, and its report says why (core.skip_note).
-        self.installed = self.plan.settings(self.role).max_cached_steps != 0
+        # A stage capped at 0 cached evaluations, or with an error target of 0, runs without the cache, and its
+        # report says why (core.skip_note).
+        self.installed = self.plan.caches(self.role)
         counters, indexed = [], SwappedForwards(self.diffusion_model.blocks, indexed_forward)
+        undecide = lambda: None  # noqa: E731
         failed = True
         try:
             if self.installed:
                 self.backend.install(self.diffusion_model, self.plan, self.role, separate_cfg=False)
                 indexed.install()
+                if self.plan.criterion == "error":
+                    self.allowance = core.stage_allowance(self.plan, self.share)
+                    undecide = self.backend.decide_by(self.diffusion_model, self.allowance.threshold, self.error_seen)
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
             self.outcome = self.backend.outcome(self.diffusion_model) if self.installed else None
@@ -208,6 +215,7 @@ class StageCache:
             return out
         finally:
             try:
+                undecide()
                 for counter in counters:
                     counter.remove()
                 indexed.remove()
@@ -221,6 +229,10 @@ class StageCache:
 
     def count_block(self, _module, _args, _output):
         self.block_forwards += 1
+
+    def error_seen(self, diff: float, cached: bool) -> None:
+        """The error criterion hears a call's comparison: with separate CFG, each call is half an evaluation."""
+        self.allowance.seen(diff, cached, 0.5 if self.cfg_batching == "separate" else 1.0)
 
     # --- one evaluation: the prompts it carries must be those of the first one ---
 
@@ -277,6 +289,10 @@ class StageCache:
                                                    f"step had {describe_calls(self.pattern or calls)} (ComfyUI "
                                                    "batches the prompts by free memory, which changed)")
         calls.append(order)
+        if self.allowance is not None:  # the call's sigma, and the sampling's, as ComfyUI's sampling marks them
+            sigmas = options.get("sample_sigmas")
+            self.allowance.at(float(options["sigmas"].reshape(-1)[0]),
+                              () if sigmas is None else tuple(float(s) for s in sigmas))
         return executor(*args, **kwargs)
 
     def decide_batching(self, order: tuple[int, ...]) -> None:
@@ -324,7 +340,8 @@ class StageCache:
                               cfg_batching=self.cfg_batching, pass_order=self.pass_order,
                               block_forwards=self.block_forwards,
                               config=self.backend.describe(self.plan, self.role, self.cfg_batching == "separate"))
-        stats = core.statistics(self.plan, self.role, seen, self.outcome or self.backend.NOTHING, layers)
+        stats = core.statistics(self.plan, self.role, seen, self.outcome or self.backend.NOTHING, layers,
+                                self.allowance.estimate() if self.allowance is not None else None)
         stats["cached"] = self.installed  # False: the stage ran without the cache (its note says why)
         stats["held_bytes"] = self.held["bytes"] if self.held else 0
         stats["held_on"] = self.held["devices"] if self.held else []

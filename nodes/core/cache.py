@@ -1,5 +1,5 @@
-"""Cache-DiT per expert: the cache plan (a value the Cache-DiT node puts on a handle) and what one stage's
-cache did, as the report gives it.
+"""Cache-DiT per expert: the cache plan (a value the Cache-DiT node puts on a handle), the error criterion that
+decides each step from the run's own statistics, and what one stage's cache did, as the report gives it.
 
 Each expert's stage of a run gets a context of its own, built when the stage starts and dropped when it ends,
 so nothing a context learnt in one stage or run reaches another; what it did is counted as the stage runs.
@@ -7,43 +7,75 @@ so nothing a context learnt in one stage or run reaches another; what it did is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from .errors import Wan22InputError
 from .experts import ROLE_WORDS, ROLES
 
 CALIBRATORS = ("none", "taylorseer")
+# How a step is chosen for the cache:
+# - "error": each step's change to the final latent is estimated from the run's own statistics (the first
+#   blocks' residual change cache-dit measures, times the step's sigma gap, times the expert's gain), and steps
+#   are cached while the estimates of the cached ones fit the run's error target; it scales to the model, the
+#   sampler, the step count and the shift;
+# - "threshold": cache-dit's own rule, a step is cached while that residual change is below a fixed threshold
+#   (what workflows saved before the error criterion keep).
+CRITERIA = ("error", "threshold")
+SAVED_CRITERION = "threshold"  # what a Cache-DiT node saved without a criterion runs with
+# The error criterion's gain: the change one cached step makes to the final latent (relative L2), per unit of
+# (residual change x sigma gap), at the step's sigma. A step at high noise costs more for its change (what is
+# decided early is carried through the whole run): the gain rises from its low-noise value to its high-noise
+# value over a band of sigmas. Chosen on the tuning bed alone (bench/quality.py: its single-step table, every
+# step cached alone against residual change x sigma gap, fitted over its steps and seeds; then scaled so that
+# the estimates of its cached runs at the candidate targets meet their measured errors, in the median).
+ERROR_GAIN = {"low": 2.0, "high": 10.5}
+GAIN_BAND = (0.84, 0.95)  # the sigmas over which the gain rises
+
+
+def error_gain(sigma: float) -> float:
+    rise = min(max((float(sigma) - GAIN_BAND[0]) / (GAIN_BAND[1] - GAIN_BAND[0]), 0.0), 1.0)
+    return ERROR_GAIN["low"] + (ERROR_GAIN["high"] - ERROR_GAIN["low"]) * rise
 
 
 @dataclass(frozen=True)
 class ExpertCacheSettings:
     warmup_steps: int  # evaluations computed in full before caching may start
     max_cached_steps: int  # -1: no limit; 0: never cache on this expert
-    residual_diff_threshold: float | None = None  # this expert's own (an error budget's calibration); None: the plan's
 
 
 @dataclass(frozen=True)
 class CachePlan:
     """What Cache-DiT should do on each expert: printable and comparable, applied in one place. The
-    defaults: F1 B0 MC3; high W4 with no cap, low W2 M20 (Wan2.2's serving settings), and threshold 0.05, the
-    largest that kept the trained test bed's median error at or below 0.03 at 20 and at 40 steps
-    (bench/quality.py; the serving threshold 0.24 cost it 0.08 to 0.11)."""
+    defaults: F1 B0 MC3, high with no cap, low M20 (Wan2.2's serving settings), the error criterion with a
+    warm-up of 1 on each expert and the error target chosen on the tuning bed (bench/quality.py `choose`: the
+    error criterion weighs early steps itself, so it needs only one computed step to compare with). The
+    threshold applies to the "threshold" criterion only (0.05, the largest that kept the tuning bed's median error
+    at or below 0.03 at 20 and at 40 steps; other models need other thresholds, which is why it is no longer the
+    default; saved workflows keep their warm-ups, 4 and 2, with it)."""
 
     residual_diff_threshold: float = 0.05
     first_compute_blocks: int = 1
     last_compute_blocks: int = 0
     max_continuous_cached_steps: int = 3
-    high: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=4, max_cached_steps=-1)
-    low: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=2, max_cached_steps=20)
+    high: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=1, max_cached_steps=-1)
+    low: ExpertCacheSettings = ExpertCacheSettings(warmup_steps=1, max_cached_steps=20)
     calibrator: str = "none"
-    error_budget: float | None = None  # the budget the per-expert thresholds were calibrated for, if any
+    error_budget: float | None = None  # the budget the error target was calibrated for, if any
+    criterion: str = "error"
+    error_target: float = 0.0125  # the error criterion's allowance: the run's final latent, relative L2
 
     def settings(self, role: str) -> ExpertCacheSettings:
         return self.high if role == "high" else self.low
 
-    def threshold(self, role: str) -> float:
-        own = self.settings(role).residual_diff_threshold
-        return self.residual_diff_threshold if own is None else own
+    def with_error_target(self, target: float, budget: float | None = None) -> "CachePlan":
+        """The plan with the error criterion at `target` (an error budget's calibration, `budget`)."""
+        return replace(self, criterion="error", error_target=float(target), error_budget=budget)
+
+    def caches(self, role: str) -> bool:
+        """Whether a stage of this expert may cache at all (a cap of 0, or an error target of 0: not)."""
+        return self.settings(role).max_cached_steps != 0 and not (self.criterion == "error" and
+                                                                  self.error_target == 0)
 
     def node_inputs(self) -> dict:
         """The plan as the Cache-DiT node's inputs (`enabled` aside): where workflows and tests read the
@@ -55,6 +87,8 @@ class CachePlan:
             values[f"{role}_warmup_steps"] = self.settings(role).warmup_steps
             values[f"{role}_max_cached_steps"] = self.settings(role).max_cached_steps
         values["calibrator"] = self.calibrator
+        values["criterion"] = self.criterion
+        values["error_target"] = self.error_target
         return values
 
     def check(self, num_layers: int) -> None:
@@ -75,18 +109,102 @@ class CachePlan:
             s = self.settings(role)
             if s.warmup_steps < 0:
                 raise Wan22InputError(f"{role}_warmup_steps", f"{s.warmup_steps} must be 0 or more")
-            if s.residual_diff_threshold is not None and not s.residual_diff_threshold > 0:
-                raise Wan22InputError("error_budget", f"the {ROLE_WORDS[role]} expert's calibrated threshold "
-                                                      f"{s.residual_diff_threshold} must be greater than 0")
             if s.max_cached_steps < -1:
                 raise Wan22InputError(f"{role}_max_cached_steps", f"{s.max_cached_steps}: use -1 for no limit, "
                                                                   "or 0 or more")
         if self.max_continuous_cached_steps < -1 or self.max_continuous_cached_steps == 0:
             raise Wan22InputError("max_continuous_cached_steps", f"{self.max_continuous_cached_steps}: use -1 for "
                                                                  "no limit, or 1 or more")
+        if self.criterion not in CRITERIA:
+            raise Wan22InputError("criterion", f"unknown criterion {self.criterion!r}: use one of "
+                                               f"{', '.join(CRITERIA)}")
+        if not (math.isfinite(self.error_target) and 0 <= self.error_target <= 1):
+            raise Wan22InputError("error_target", f"{self.error_target} must be between 0 (cache nothing) and 1 (a "
+                                                  "relative L2 of the final latent; "
+                                                  f"{CachePlan.error_target} is the default)")
         if self.calibrator not in CALIBRATORS:
             raise Wan22InputError("calibrator", f"unknown calibrator {self.calibrator!r}: use one of "
                                                 f"{', '.join(CALIBRATORS)}")
+
+
+# --- the error criterion: each step decided from the run's own statistics ---
+
+def sigma_gap(sigma: float, sigmas: tuple[float, ...]) -> float:
+    """How far the sampler moves from an evaluation at `sigma` in a sampling over `sigmas` (descending, ending
+    at the stage's last sigma): to the next sigma of the list below it. An evaluation between two sigmas (a
+    second-order sampler's) belongs to the step that contains it; past the list's end, to 0."""
+    below = [s for s in sigmas if s < sigma - 1e-9]
+    return sigma - (max(below) if below else 0.0)
+
+
+class ErrorAllowance:
+    """One stage's share of the run's error target, spent by the steps it caches. A step at sigma `sigma` and
+    sigma gap `gap` whose first blocks' residual changed by `diff` since the last computed step is estimated to
+    change the final latent by error_gain(sigma) x diff x gap (relative L2). Cached steps in a row reuse the same
+    residual, so their changes add up; runs of them parted by computed steps add as independent errors, in
+    quadrature. (On the tuning bed a plain sum overstated the error of 10 to 22 cached steps two to three times,
+    a plain quadrature sum understated it up to 2.5 times; this one came within about a third.) A step is cached
+    while the estimate still fits the allowance, so the threshold on `diff` for a call is what is left of it over
+    gain x gap: small where the sampler takes a long stride or where much noise is left to decide, large where it
+    takes a short one, with the same meaning on every model, sampler, step count and shift."""
+
+    def __init__(self, allowance: float):
+        self.allowance = float(allowance)
+        self.closed = 0.0  # the squared estimates of the runs of cached steps that a computed step ended
+        self.run = 0.0  # the estimate of the run of cached steps in progress
+        self.cost = 0.0  # the call in progress: its estimate per unit of residual change (gain x gap)
+        self.cached = False  # whether the last call heard was cached
+        self.smallest = None  # the smallest change one step heard was estimated to make, cached or not
+
+    @property
+    def spent(self) -> float:
+        return math.sqrt(self.closed + self.run ** 2)
+
+    def at(self, sigma: float, sigmas: tuple[float, ...]) -> None:
+        """The call about to run: an evaluation at `sigma` of a sampling over `sigmas`. A call before it that
+        was not cached (computed, or in warm-up) ended the run of cached steps."""
+        if not self.cached:
+            self.closed, self.run = self.closed + self.run ** 2, 0.0
+        self.cached = False
+        self.cost = error_gain(sigma) * sigma_gap(sigma, sigmas)
+
+    def threshold(self) -> float:
+        """The residual change below which the call in progress may be cached (0: none may)."""
+        left = self.allowance ** 2 - self.closed
+        if left <= 0 or self.cost <= 0:
+            return 0.0
+        return max(0.0, min(0.99, (math.sqrt(left) - self.run) / self.cost))  # cache-dit reads >= 1 as "always"
+
+    def seen(self, diff: float, cached: bool, share: float = 1.0) -> None:
+        """A call's outcome: `share` of an evaluation (1/2 for one of the two prompts' calls of separate CFG)."""
+        if diff > 0:
+            step = self.cost * diff
+            self.smallest = step if self.smallest is None else min(self.smallest, step)
+        if cached:
+            self.cached = True
+            self.run += share * self.cost * max(diff, 0.0)
+
+    def estimate(self) -> dict:
+        return {"error_target_share": round(self.allowance, 6), "estimated_error": round(self.spent, 6),
+                "smallest_step_estimate": None if self.smallest is None else round(self.smallest, 6)}
+
+
+MODEL_SHARE = math.sqrt(0.5)  # the Cache-DiT MODEL node's stage: one expert's, the other carrying its own node
+
+
+def error_shares(stages: tuple[str, ...]) -> dict[str, float]:
+    """Each stage's share of the run's error target, as independent errors add (in quadrature): the experts
+    share it equally, a lead stage sharing the high-noise expert's part equally with its main stage; a run on
+    one expert gives it all."""
+    experts = {"high" if stage == "lead" else stage for stage in stages}
+    per_expert = 1.0 / len(experts)  # of the squared target
+    return {stage: math.sqrt(per_expert / (2 if "lead" in stages and stage in ("lead", "high") else 1))
+            for stage in stages}
+
+
+def stage_allowance(plan: CachePlan, share: float) -> ErrorAllowance:
+    """A stage's allowance: its share of the plan's error target."""
+    return ErrorAllowance(plan.error_target * share)
 
 
 # --- what one stage's cache did ---
@@ -114,6 +232,9 @@ def skippable_steps(plan: CachePlan, role: str, evaluations: int) -> int:
 def skip_note(plan: CachePlan, role: str, evaluations: int) -> str:
     """A plain sentence on what the cache can do for one expert in this run."""
     could, settings = skippable_steps(plan, role, evaluations), plan.settings(role)
+    if plan.criterion == "error" and plan.error_target == 0:
+        return f"run without the cache: the error target is 0, so none of the {ROLE_WORDS[role]} expert's steps " \
+               "may be cached"
     if could == 0 and settings.max_cached_steps == 0:
         return (f"run without the cache: {role}_max_cached_steps is 0, so none of the {ROLE_WORDS[role]} expert's "
                 f"{evaluations} steps may be cached")
@@ -124,12 +245,16 @@ def skip_note(plan: CachePlan, role: str, evaluations: int) -> str:
     return f"the cache can skip at most {could} of the {ROLE_WORDS[role]} expert's {evaluations} steps"
 
 
-def statistics(plan: CachePlan, role: str, seen: StageSeen, outcome: dict, layers: int) -> dict:
+def statistics(plan: CachePlan, role: str, seen: StageSeen, outcome: dict, layers: int,
+               estimate: dict | None = None) -> dict:
     """One cached stage's entry in the report: what the cache did (`outcome`: the evaluations served from it,
     with separate calls cached_steps those of the first pass of each evaluation and cfg_cached_steps those of
     the second; the residual differences it compared with the threshold), the blocks really run against a run
-    without cache, and how much the plan could skip at most."""
+    without cache, how much the plan could skip at most, and with the error criterion its share of the error
+    target and what the cached steps were estimated to cost (`estimate`: ErrorAllowance.estimate)."""
     return {
+        "criterion": plan.criterion,
+        **(estimate or {}),
         "config": seen.config,
         "calibrator": plan.calibrator,
         "evaluations": seen.evaluations,
@@ -138,7 +263,7 @@ def statistics(plan: CachePlan, role: str, seen: StageSeen, outcome: dict, layer
         "block_forwards": seen.block_forwards,
         "block_forwards_without_cache": seen.calls * layers,
         **outcome,
-        "threshold": plan.threshold(role),
+        "threshold": plan.residual_diff_threshold if plan.criterion == "threshold" else None,
         "error_budget": plan.error_budget,
         "blocks_skipped_per_cached_forward": layers - plan.first_compute_blocks - plan.last_compute_blocks,
         "skippable_steps": skippable_steps(plan, role, seen.evaluations),

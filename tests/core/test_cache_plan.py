@@ -9,20 +9,22 @@ from wan22_cachedit.nodes.core.report import RunRecord, StepRecord
 
 
 def test_the_plan_carries_the_wan22_defaults_the_node_and_workflows_read():
+    target = C.CachePlan().error_target  # chosen on the tuning bed (tests/in_comfyui/test_quality_choice.py)
     assert C.CachePlan().node_inputs() == {
         "residual_diff_threshold": 0.05, "first_compute_blocks": 1, "last_compute_blocks": 0,
-        "max_continuous_cached_steps": 3, "high_warmup_steps": 4, "high_max_cached_steps": -1,
-        "low_warmup_steps": 2, "low_max_cached_steps": 20, "calibrator": "none"}
+        "max_continuous_cached_steps": 3, "high_warmup_steps": 1, "high_max_cached_steps": -1,
+        "low_warmup_steps": 1, "low_max_cached_steps": 20, "calibrator": "none", "criterion": "error",
+        "error_target": target}
     # no CFG part: each stage reads it from how ComfyUI batches the prompts when it runs
-    assert backend.describe_plan(C.CachePlan()) == ("high DBCache_F1B0_W4I1M0MC3_R0.05, "
-                                                     "low DBCache_F1B0_W2I1M20MC3_R0.05")
+    assert backend.describe_plan(C.CachePlan()) == (f"high DBCache_F1B0_W1I1M0MC3_E{target:g}, "
+                                                     f"low DBCache_F1B0_W1I1M20MC3_E{target:g}")
 
 
 def test_a_context_config_leaves_the_step_count_unset_and_pairs_cond_first():
     config = backend.config(C.CachePlan(), "low", separate_cfg=True)
     # a context lives exactly one stage: cache-dit's step count (when to restart a reused context) stays unset
     assert config.num_inference_steps is None and config.enable_separate_cfg and not config.cfg_compute_first
-    assert backend.describe(C.CachePlan(), "low", True) == "DBCache_F1B0_W2I1M20MC3_R0.05_CFG1"
+    assert backend.describe(C.CachePlan(criterion="threshold"), "low", True) == "DBCache_F1B0_W1I1M20MC3_R0.05_CFG1"
     assert not backend.config(C.CachePlan(), "high", separate_cfg=False).enable_separate_cfg
 
 
@@ -51,13 +53,15 @@ def test_a_plan_the_experts_cannot_take_is_refused_naming_the_input(plan, input_
 
 
 def test_what_the_cache_can_skip_is_said_plainly_for_few_steps():
-    plan = C.CachePlan()
+    plan = C.CachePlan(high=C.ExpertCacheSettings(warmup_steps=4, max_cached_steps=-1),
+                       low=C.ExpertCacheSettings(warmup_steps=2, max_cached_steps=20))
     assert C.skippable_steps(plan, "high", 2) == 0 and C.skippable_steps(plan, "low", 2) == 0
     assert ("cached nothing: it could skip none of the high-noise expert's 2 steps, as its first 4 are "
             "warm-up") in C.skip_note(plan, "high", 2)
     capped = C.CachePlan(low=C.ExpertCacheSettings(warmup_steps=0, max_cached_steps=0))
     assert "low_max_cached_steps is 0" in C.skip_note(capped, "low", 20)
     assert C.skippable_steps(plan, "high", 26) == 22 and C.skippable_steps(plan, "low", 40) == 20  # low: M20
+    assert C.skippable_steps(C.CachePlan(), "high", 2) == 1  # the default warm-up: one computed step
 
 
 def test_cached_evaluations_are_mapped_back_to_the_run_steps_they_belong_to():

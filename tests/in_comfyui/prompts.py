@@ -103,14 +103,17 @@ def split_of(result, node="2"):
     return s["high"], s["low"]
 
 
-# The node's default threshold (0.05) was chosen on the trained test bed, whose step-to-step change is small;
-# random experts change more per step, so the default caches almost nothing on them. The plumbing tests here
-# cache at 0.6's default 0.24, which caches on random experts as the trained bed's 0.05 does on it.
+# The node's default criterion (error, with a target chosen on the trained tuning bed) caches almost nothing on
+# random experts, whose output changes a lot from step to step. The plumbing tests here cache with the threshold
+# criterion at 0.6's default 0.24, which caches on random experts as the trained bed's 0.05 does on it (the error
+# criterion's own tests set their targets).
 RANDOM_WEIGHTS_THRESHOLD = 0.24
+RANDOM_WEIGHTS_CACHE = {"residual_diff_threshold": RANDOM_WEIGHTS_THRESHOLD, "criterion": "threshold",
+                        "high_warmup_steps": 4, "low_warmup_steps": 2}  # and the warm-ups saved with it
 
 
 def cache_node(experts_from="1", **overrides):
-    inputs = {**CachePlan().node_inputs(), "residual_diff_threshold": RANDOM_WEIGHTS_THRESHOLD, **overrides}
+    inputs = {**CachePlan().node_inputs(), **RANDOM_WEIGHTS_CACHE, **overrides}
     return {"class_type": "Wan22CacheDiT", "inputs": {"experts": [experts_from, 0], "enabled": True, **inputs}}
 
 
@@ -198,9 +201,9 @@ def one_ksampler_prompt(name, text_folder, *, sampler="euler", scheduler="simple
 def cache_model_node(model_from, **overrides):
     """Wan2.2 Cache-DiT (MODEL) on one MODEL, with the sampler's default plan for one expert unless told (at the
     random weights' threshold)."""
-    plan = {**CachePlan().node_inputs(), "residual_diff_threshold": RANDOM_WEIGHTS_THRESHOLD}
+    plan = {**CachePlan().node_inputs(), **RANDOM_WEIGHTS_CACHE}
     inputs = {k: plan[k] for k in ("residual_diff_threshold", "first_compute_blocks", "last_compute_blocks",
-                                   "max_continuous_cached_steps", "calibrator")}
+                                   "max_continuous_cached_steps", "calibrator", "criterion", "error_target")}
     inputs.update(warmup_steps=plan["high_warmup_steps"], max_cached_steps=plan["high_max_cached_steps"])
     return {"class_type": "Wan22CacheDiTModel", "inputs": {"model": model_from, "enabled": True, **inputs,
                                                               **overrides}}

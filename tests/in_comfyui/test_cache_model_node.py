@@ -7,11 +7,11 @@ import logging
 import pytest
 import torch
 
-from wan22_cachedit.nodes.core.cache import CachePlan
+from wan22_cachedit.nodes.core.cache import CachePlan, ExpertCacheSettings
 
 from .cache_state import contexts, leftovers
-from .prompts import (FINAL, expert_files, latent_of, loader, native_prompt, our_prompt, report_of, run_ok,
-                      text_folder, with_model_caches)
+from .prompts import (FINAL, RANDOM_WEIGHTS_CACHE, expert_files, latent_of, loader, native_prompt, our_prompt,
+                      report_of, run_ok, text_folder, with_model_caches)
 
 SMALL = dict(width=32, height=32, length=1)
 TEMPLATE = dict(sampler="euler", scheduler="simple", steps=20, flow_shift=5.0, cfg=(3.5, 3.5), **SMALL)
@@ -82,7 +82,8 @@ def test_a_b_a_bit_identical_and_off_is_the_template_bit_for_bit(comfyui, tiny_m
 
 
 def test_our_sampler_and_the_model_node_with_the_same_plan_give_the_same_latent(comfyui, tiny_models):
-    plan = CachePlan(residual_diff_threshold=PERMISSIVE["residual_diff_threshold"])
+    plan = CachePlan(high=ExpertCacheSettings(RANDOM_WEIGHTS_CACHE["high_warmup_steps"], -1),
+                     low=ExpertCacheSettings(RANDOM_WEIGHTS_CACHE["low_warmup_steps"], 20))
     result = run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), seed=4,
                                         cache=PERMISSIVE, **TEMPLATE))
     ours = latent_of(comfyui, FINAL["ours"])

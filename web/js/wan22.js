@@ -186,13 +186,16 @@ function restoreSavedValues(node, info) {
   });
 }
 
-// A node saved before an input was added has fewer values than widgets: the new widget would take its default
-// for new workflows; the saved workflow keeps what it ran with (the server's added_inputs say it).
+// A node saved before inputs were added has fewer values than widgets: the new widgets would take their
+// defaults for new workflows; the saved workflow keeps what it ran with (the server's added_inputs say it, from
+// the oldest saved length on: a workflow saved between two additions lacks only the later ones).
 function withAddedInputs(node) {
   const added = canvasInfo.added_inputs[node?.type];
   const values = node?.widgets_values;
-  if (!added || !Array.isArray(values) || values.length !== added.saved_length) return;
-  node.widgets_values = [...values, ...added.values];
+  if (!added || !Array.isArray(values)) return;
+  const missing = added.saved_length + added.values.length - values.length;
+  if (values.length < added.saved_length || missing <= 0) return;
+  node.widgets_values = [...values, ...added.values.slice(added.values.length - missing)];
 }
 
 function migrateSavedWorkflow(workflow) {
