@@ -1,116 +1,139 @@
-"""Wan2.2 Cache-DiT Error Budget: a quality asked for instead of a threshold. It runs the run it is given once
-without the cache, then with candidate thresholds per expert (core.budget's search), and hands on the experts
-with the thresholds that keep the final latent within the budget on that run. ComfyUI keeps its output while
-its inputs stay the same, so a graph calibrates once and the sampler then runs any seed and prompt with it."""
+"""Wan2.2 Cache-DiT Error Budget: a measured quality asked for instead of a setting. The error criterion estimates
+what the cache changes from the run's own statistics; this node measures how that estimate holds on the user's
+own model, on a smaller latent, confirms it once at full size, and hands on the experts with the criterion's
+target that meets the budget (core.budget). ComfyUI keeps its output while its inputs stay the same, so a graph
+calibrates once and the sampler then runs any seed and prompt with it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 
 from comfy_api.latest import io
 
 from .core import budget as core_budget
 from .core import sampler_inputs
 from .core.cache import CachePlan
-from .core.experts import ROLES
 from .sampler_nodes import run
 from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
+
+SAVED_CALIBRATION_SIZE = 1.0  # what a budget node saved before calibration_size calibrates at
 
 
 def relative_l2(reference, other) -> float:
     return float((other.float() - reference.float()).norm() / reference.float().norm().clamp(min=1e-12))
 
 
-def with_thresholds(plan: CachePlan, thresholds: dict, budget: float | None) -> CachePlan:
-    """The plan with each expert's own threshold; an expert given None is not cached (max_cached_steps 0)."""
-    changes = {}
-    for role, threshold in thresholds.items():
-        settings = plan.settings(role)
-        changes[role] = (dataclasses.replace(settings, max_cached_steps=0) if threshold is None
-                         else dataclasses.replace(settings, residual_diff_threshold=float(threshold)))
-    return dataclasses.replace(plan, error_budget=budget, **changes)
+def smaller(latent: dict, size: float) -> dict:
+    """The latent at `size` of its width and height (its frames kept: image-to-video conditioning has as many),
+    even in both, at least 2: what the calibration's small runs sample."""
+    import comfy.utils
+
+    samples = latent["samples"]
+    height, width = (max(2, 2 * round(d * size / 2)) for d in samples.shape[-2:])
+    if (height, width) == tuple(samples.shape[-2:]):
+        return latent
+    out = {**latent, "samples": comfy.utils.common_upscale(samples, width, height, "bilinear", "disabled")}
+    if "noise_mask" in latent:
+        mask = latent["noise_mask"]
+        out["noise_mask"] = comfy.utils.common_upscale(mask.reshape(-1, 1, *mask.shape[-2:]), width, height,
+                                                       "bilinear", "disabled").reshape(*mask.shape[:-2], height, width)
+    return out
 
 
-def confirming_seed(seed: int) -> int:
-    return (int(seed) + 1) % 2 ** 64
+class Runs:
+    """The calibration's runs: each through the sampler node's run (each stage's cache installed for that stage
+    only, on the plan's workers when the experts carry one), each uncached run once per latent; their work
+    counted in full-size uncached runs (block forwards x the latent's area)."""
+
+    def __init__(self, experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict):
+        self.experts, self.schedule, self.positive, self.negative = experts, schedule, positive, negative
+        self.latent, self.seed, self.cfg = latent, seed, cfg
+        self.plan = experts.cache_plan or CachePlan()
+        self.full_area = math.prod(latent["samples"].shape[-2:])
+        self.references: dict = {}
+        self.unit = None  # a full-size uncached run's block forwards x area
+
+    def sample(self, latent: dict, plan):
+        return run(self.experts.replace(cache_plan=plan), self.schedule, self.positive, self.negative, latent,
+                   self.seed, self.cfg)
+
+    def work(self, blocks: int, latent: dict) -> float:
+        return blocks * math.prod(latent["samples"].shape[-2:]) / self.unit
+
+    def trial(self, latent: dict, target: float) -> core_budget.Trial:
+        """The run at `latent` with the error criterion at `target`, against its uncached run."""
+        key = tuple(latent["samples"].shape)
+        work = 0.0
+        if key not in self.references:
+            out, record = self.references[key] = self.sample(latent, None)
+            blocks = sum(record.calls.values()) * self.experts.architecture.num_layers
+            self.unit = self.unit or blocks * self.full_area
+            work += self.work(blocks, latent)
+        reference = self.references[key][0]["samples"]
+        out, record = self.sample(latent, self.plan.with_error_target(target))
+        stages = record.cache.values()
+        smallest = [s["smallest_step_estimate"] for s in stages if s.get("smallest_step_estimate") is not None]
+        return core_budget.Trial(
+            target=target, error=relative_l2(reference, out["samples"]),
+            estimate=math.sqrt(sum(s.get("estimated_error", 0.0) ** 2 for s in stages)),
+            cached=sum(len(s["cached_steps"]) + len(s["cfg_cached_steps"]) for s in stages),
+            smallest=min(smallest) if smallest else None,
+            work=work + self.work(sum(s["block_forwards"] for s in stages), latent))
 
 
-def calibrate(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict,
-              error_budget: float) -> tuple[object, core_budget.Calibration]:
-    """(the experts with the calibrated plan, the calibration): the uncached run, then the search's runs, each
-    through the sampler node's run (so each stage's cache is installed for that stage only and removed after it,
-    on the plan's workers when the experts carry one); the settings within the budget are confirmed on the next
-    seed, against its own uncached run."""
+def calibrate(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict, error_budget: float,
+              calibration_size: float = SAVED_CALIBRATION_SIZE) -> tuple[object, core_budget.Calibration]:
+    """(the experts with the calibrated plan, the calibration)."""
     core_budget.check_budget(error_budget)
-    plan = experts.cache_plan or CachePlan()
-    roles = tuple(role for role in ROLES if experts.models().get(role) is not None)
-    if float(error_budget) == 0:
-        calibration = core_budget.calibrate(0.0, roles, None, 0)
-        return experts.replace(cache_plan=with_thresholds(plan, calibration.thresholds, 0.0)), calibration
-    references: dict = {}
-
-    def sample(thresholds: dict | None, at_seed: int):
-        trial_plan = None if thresholds is None else with_thresholds(plan, thresholds, None)
-        return run(experts.replace(cache_plan=trial_plan), schedule, positive, negative, latent, at_seed,
-                             cfg)
-
-    def reference(at_seed: int):
-        if at_seed not in references:
-            references[at_seed] = sample(None, at_seed)
-        return references[at_seed]
-
-    def measurer(at_seed: int):
-        def measure(thresholds: dict) -> core_budget.Trial:
-            uncached = reference(at_seed)[0]["samples"]
-            out, trial = sample(thresholds, at_seed)
-            forwards = sum(stats["block_forwards"] for stats in trial.cache.values())
-            return core_budget.Trial(thresholds, relative_l2(uncached, out["samples"]), forwards)
-        return measure
-
-    uncached_forwards = sum(reference(seed)[1].calls.values()) * experts.architecture.num_layers
-    calibration = core_budget.calibrate(float(error_budget), roles, measurer(seed), uncached_forwards,
-                                        confirm=measurer(confirming_seed(seed)))
-    return experts.replace(cache_plan=with_thresholds(plan, calibration.thresholds, float(error_budget))), calibration
+    core_budget.check_size(calibration_size)
+    runs = Runs(experts, schedule, positive, negative, latent, seed, cfg)
+    small = smaller(latent, calibration_size)
+    full = None if small is latent else (lambda target: runs.trial(latent, target))
+    calibration = core_budget.calibrate(float(error_budget), lambda target: runs.trial(small, target), full)
+    plan = runs.plan.with_error_target(calibration.target, float(error_budget))
+    return experts.replace(cache_plan=plan), calibration
 
 
 def calibration_report(calibration: core_budget.Calibration) -> dict:
-    def runs(trials: list) -> list:
-        return [{"thresholds": t.thresholds, "error": round(t.error, 6), "block_forwards": t.block_forwards}
-                for t in trials]
-    return {"error_budget": calibration.budget, "target": calibration.target, "margin": core_budget.MARGIN,
-            "thresholds": calibration.thresholds, "calibration_error": calibration.error,
-            "confirmation_error": calibration.confirmation_error, "block_forwards": calibration.block_forwards,
-            "block_forwards_without_cache": calibration.uncached_block_forwards,
-            "trials": runs(calibration.trials), "confirmations": runs(calibration.confirmations)}
+    def trial(t: core_budget.Trial | None):
+        return None if t is None else {"target": round(t.target, 6), "error": round(t.error, 6),
+                                       "estimate": round(t.estimate, 6), "cached": t.cached,
+                                       "work_in_full_runs": round(t.work, 3)}
+    return {"error_budget": calibration.budget, "error_target": calibration.target, "margin": core_budget.MARGIN,
+            "factor": calibration.factor, "small_runs": [trial(t) for t in calibration.small],
+            "full_run": trial(calibration.full), "work_in_full_runs": round(calibration.work, 3)}
 
 
 class Wan22CacheBudget(io.ComfyNode):
+    # Inputs added after workflows were saved, with what those workflows run with (the canvas completes them).
+    ADDED_INPUTS = {"calibration_size": SAVED_CALIBRATION_SIZE}
+
     @classmethod
     def define_schema(cls):
         return io.Schema(
             node_id="Wan22CacheBudget",
             display_name="Wan2.2 Cache-DiT Error Budget",
             category=CATEGORY,
-            description="Asks for a quality instead of a threshold: runs the given run once without the cache and "
-                        "then with candidate thresholds on each expert, and hands on the experts with the per-expert "
-                        "thresholds that keep the final latent within error_budget (relative L2 to the uncached "
-                        "run) on that run and on the same run at the next seed, their mean within 0.75 of it. It "
-                        "costs 15 to 30 runs, once: "
-                        "ComfyUI keeps its output while its inputs stay the same, so calibrate on a short or small "
-                        "run and keep it for others with the same sampler, steps, shift and CFG.",
+            description="Asks for a measured quality instead of a setting: calibrates the Cache-DiT error criterion "
+                        "on your model so that the final latent stays within error_budget of the uncached run "
+                        "(relative L2). It samples the given run on a smaller latent without and with the cache "
+                        "(2 to 4 runs), then once at full size without and with it, and hands on the experts with "
+                        "the calibrated target: about 2 to 3 full runs' work at calibration_size 0.5. ComfyUI keeps "
+                        "its output while its inputs stay the same, so it calibrates once per graph.",
             inputs=[
                 ExpertsType.Input("experts", tooltip="The experts with a Cache-DiT plan (its warm-ups, caps and "
-                                                     "blocks are kept; only the thresholds are calibrated). Without "
-                                                     "one, the Cache-DiT node's defaults."),
+                                                     "blocks are kept; its criterion becomes the error criterion, "
+                                                     "with the calibrated target). Without one, the Cache-DiT "
+                                                     "node's defaults."),
                 ScheduleType.Input("schedule", tooltip="The run to calibrate on: the same schedule as the sampler's."),
                 io.Conditioning.Input("positive", tooltip="The calibration run's positive conditioning."),
                 io.Conditioning.Input("negative", tooltip="The calibration run's negative conditioning."),
-                io.Latent.Input("latent_image", tooltip="The calibration run's latent (its size and frames "
-                                                        "should be the sampler's)."),
+                io.Latent.Input("latent_image", tooltip="The calibration run's latent, at the sampler's size and "
+                                                        "frames (the small runs scale its width and height)."),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF,
-                             tooltip="The calibration run's seed (keep it fixed: another seed calibrates anew); the "
-                                     "settings are confirmed on the next seed too."),
+                             control_after_generate=io.ControlAfterGenerate.fixed,
+                             tooltip="The calibration runs' seed (keep it fixed: another seed calibrates anew)."),
                 io.Float.Input("cfg_high", default=4.0, min=0.0, max=30.0, step=0.1, round=0.01,
                                tooltip="CFG of the high-noise expert, as on the sampler."),
                 io.Float.Input("cfg_low", default=3.0, min=0.0, max=30.0, step=0.1, round=0.01,
@@ -118,13 +141,19 @@ class Wan22CacheBudget(io.ComfyNode):
                 io.Float.Input("error_budget", default=0.03, min=0.0, max=core_budget.MAX_BUDGET, step=0.005,
                                tooltip="The change the cache may make to the final latent: relative L2 against the "
                                        "uncached run (0.01 barely visible, 0.05 a small change). 0 caches nothing. "
-                                       "A budget that no cached step fits in is refused."),
+                                       "A budget smaller than what one cached step changes is refused."),
+                io.Float.Input("calibration_size", default=0.5, min=core_budget.MIN_SIZE, max=1.0, step=0.05,
+                               optional=True,
+                               tooltip="The small runs' width and height, as a share of latent_image's (0.5: a "
+                                       "quarter of the tokens, a small part of a full run's work); 1 calibrates at "
+                                       "full size (2 to 4 full runs, no confirmation needed)."),
             ],
             outputs=[
-                ExpertsType.Output(display_name="experts", tooltip="The experts with each expert's calibrated "
-                                                                   "threshold, for the sampler."),
-                io.String.Output(display_name="calibration", tooltip="JSON: the budget, each expert's threshold, "
-                                                                     "and every calibration run's error and blocks."),
+                ExpertsType.Output(display_name="experts", tooltip="The experts with the calibrated error target, for "
+                                                                   "the sampler."),
+                io.String.Output(display_name="calibration", tooltip="JSON: the budget, the calibrated target, every "
+                                                                     "calibration run's error and estimate, and the "
+                                                                     "calibration's work in full runs."),
             ],
         )
 
@@ -135,12 +164,12 @@ class Wan22CacheBudget(io.ComfyNode):
 
     @classmethod
     def execute(cls, experts, schedule, positive, negative, latent_image, seed, cfg_high, cfg_low,
-                error_budget) -> io.NodeOutput:
+                error_budget, calibration_size=SAVED_CALIBRATION_SIZE) -> io.NodeOutput:
         linked_given(experts=experts, schedule=schedule, positive=positive, negative=negative,
                      latent_image=latent_image)
         sampler_inputs.check_sampler_inputs(experts.architecture, positive, negative, latent_image)
         cfg = {"high": float(cfg_high), "low": float(cfg_low)}
         calibrated, calibration = calibrate(experts, schedule, positive, negative, latent_image, seed, cfg,
-                                            error_budget)
-        text = calibration.describe() if calibration.trials else "error budget 0: nothing is cached"
-        return io.NodeOutput(calibrated, json.dumps(calibration_report(calibration)), ui={"text": [text]})
+                                            error_budget, calibration_size)
+        return io.NodeOutput(calibrated, json.dumps(calibration_report(calibration)),
+                             ui={"text": [calibration.describe()]})

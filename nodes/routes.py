@@ -39,9 +39,10 @@ WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
 
 
 def added_inputs() -> dict:
-    """For each of the pack's nodes with inputs added after workflows were saved with it (its ADDED_INPUTS):
-    how many widget values such a workflow has, and what the added widgets run with there, read from the node's
-    schema (the widgets in their order)."""
+    """For each of the pack's nodes with inputs added after workflows were saved with it (its ADDED_INPUTS, each
+    added after the ones before it): how many widget values the oldest such workflow has, and what the added
+    widgets run with there, read from the node's schema (the widgets in their order). A workflow saved between
+    two additions has more values; the canvas completes it from the same list."""
     found, pack = {}, __name__.rsplit(".", 1)[0] + "."
     for kind, node_class in comfyui_nodes.NODE_CLASS_MAPPINGS.items():
         added = getattr(node_class, "ADDED_INPUTS", None)
@@ -49,11 +50,23 @@ def added_inputs() -> dict:
             continue
         declared = node_class.INPUT_TYPES()
         inputs = {**declared.get("required", {}), **declared.get("optional", {})}
-        widgets = [name for name, spec in inputs.items()
-                   if isinstance(spec[0], list) or spec[0] in WIDGET_TYPES]
+        widgets = []
+        for name, spec in inputs.items():
+            if isinstance(spec[0], list) or spec[0] in WIDGET_TYPES:
+                widgets.append(name)
+                if has_control_widget(name, spec):
+                    widgets.append(None)  # the frontend's control_after_generate value, saved after it
         first = min(widgets.index(name) for name in added)
         found[kind] = {"saved_length": first, "values": [added[name] for name in widgets[first:]]}
     return found
+
+
+def has_control_widget(name: str, spec) -> bool:
+    """Whether the frontend adds a control_after_generate widget after this input (an INT that asks for one, or
+    one named seed or noise_seed that does not say otherwise), whose value a saved workflow holds too."""
+    options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+    control = options.get("control_after_generate")
+    return spec[0] == "INT" and (bool(control) if control is not None else name in ("seed", "noise_seed"))
 
 
 def passes_experts(kind: str) -> bool:

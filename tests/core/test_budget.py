@@ -1,165 +1,94 @@
-"""The error budget's search, without ComfyUI: measured runs stood in for by an error that grows with each
-expert's threshold, as a cache's does."""
-
-import math
+"""The error budget's calibration, without ComfyUI: the small and the full-size runs stood in for by a model
+whose measured error is a factor times the error criterion's estimate, as the beds' are."""
 
 import pytest
 
 from wan22_cachedit.nodes.core import budget as B
 from wan22_cachedit.nodes.core.errors import Wan22InputError
 
-UNCACHED = 1000
 
+def stand_in(factor: float, smallest: float = 0.002, work: float = 0.1, full_factor: float | None = None):
+    """small(target) and confirm(target): the criterion spends up to `target` in steps of `smallest` (it caches
+    nothing below one step); the measured error is `factor` (at full size `full_factor`) times its estimate."""
+    calls = {"small": [], "full": []}
 
-def stand_in(cost: dict, floor: dict | None = None):
-    """measure(): each expert adds cost[role] * threshold to the error (in quadrature) and saves blocks as its
-    threshold grows; below floor[role] it caches nothing at all."""
-    floor = floor or {}
-    calls = []
-
-    def measure(thresholds):
-        calls.append(dict(thresholds))
-        error, saved = 0.0, 0
-        for role, t in thresholds.items():
-            if t is None or t < floor.get(role, 0.0):
-                continue
-            error += (cost[role] * t) ** 2
-            saved += int(400 * min(t, 1.0))
-        return B.Trial(thresholds, math.sqrt(error), UNCACHED - saved)
-    return measure, calls
+    def runner(kind, f, cost):
+        def run(target):
+            calls[kind].append(target)
+            steps = int(target / smallest + 1e-9)
+            estimate = steps * smallest
+            return B.Trial(target=target, error=f * estimate, estimate=estimate, cached=steps, smallest=smallest,
+                           work=cost)
+        return run
+    return runner("small", factor, work), runner("full", factor if full_factor is None else full_factor, 1.7), calls
 
 
 def test_a_budget_of_zero_caches_nothing_and_runs_nothing():
-    measure, calls = stand_in({"high": 1.0, "low": 1.0})
-    result = B.calibrate(0.0, ("high", "low"), measure, UNCACHED)
-    assert result.thresholds == {"high": None, "low": None} and calls == []
+    small, full, calls = stand_in(1.0)
+    result = B.calibrate(0.0, small, full)
+    assert result.target == 0.0 and calls == {"small": [], "full": []} and result.work == 0
 
 
-def test_the_calibrated_thresholds_meet_the_budget_with_its_margin_on_the_calibration_run():
-    measure, _ = stand_in({"high": 0.5, "low": 0.2})
-    for budget in (0.01, 0.03, 0.05):
-        result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
-        assert result.error <= budget * B.MARGIN
-        assert measure(result.thresholds).error == pytest.approx(result.error)
-        assert all(t is None or t in B.LADDER for t in result.thresholds.values())
+def test_the_target_is_scaled_by_what_this_model_measured_and_meets_the_budget():
+    for factor in (0.5, 1.0, 1.8):
+        small, full, calls = stand_in(factor)
+        result = B.calibrate(0.03, small, full)
+        assert result.full.error <= 0.03
+        assert result.small[-1].error <= 0.03 * B.MARGIN
+        assert result.factor == pytest.approx(factor)
+        assert result.target == pytest.approx(calls["small"][-1])  # confirmed as it was found
+        assert len(calls["small"]) <= B.SMALL_TRIALS and len(calls["full"]) == 1
 
 
-def test_a_larger_budget_buys_larger_thresholds_and_fewer_block_forwards():
-    measure, _ = stand_in({"high": 0.5, "low": 0.2})
-    results = [B.calibrate(b, ("high", "low"), measure, UNCACHED) for b in (0.01, 0.03, 0.05)]
-    forwards = [r.block_forwards for r in results]
-    assert forwards[0] > forwards[1] > forwards[2]
-    for role in ("high", "low"):
-        thresholds = [r.thresholds[role] or 0.0 for r in results]  # None: uncached
-        assert thresholds == sorted(thresholds) and thresholds[-1] > 0
+def test_a_larger_budget_buys_a_larger_target():
+    targets = [B.calibrate(budget, *stand_in(1.4)[:2]).target for budget in (0.01, 0.03, 0.05)]
+    assert targets == sorted(targets) and targets[0] < targets[-1]
 
 
-def test_the_expert_that_costs_less_per_threshold_gets_the_larger_threshold():
-    measure, _ = stand_in({"high": 1.0, "low": 0.1})
-    result = B.calibrate(0.05, ("high", "low"), measure, UNCACHED)
-    assert result.thresholds["low"] > result.thresholds["high"]
+def test_a_full_size_run_that_misses_the_budget_scales_the_target_down_by_what_it_measured():
+    small, full, calls = stand_in(1.0, full_factor=2.0)  # the small latent's factor does not hold at full size
+    result = B.calibrate(0.03, small, full)
+    assert result.full.error > 0.03
+    assert result.target == pytest.approx(calls["full"][0] * 0.03 * B.MARGIN / result.full.error)
 
 
-def test_one_expert_alone_is_calibrated_alone():
-    measure, calls = stand_in({"low": 0.3})
-    result = B.calibrate(0.03, ("low",), measure, UNCACHED)
-    assert set(result.thresholds) == {"low"} and result.thresholds["low"] is not None
-    assert all(set(c) == {"low"} for c in calls)
+def test_the_work_is_the_small_runs_and_one_full_confirmation():
+    small, full, calls = stand_in(1.0, work=0.15)
+    result = B.calibrate(0.03, small, full)
+    assert result.work == pytest.approx(0.15 * len(calls["small"]) + 1.7)
 
 
-def test_a_budget_no_cached_step_fits_in_is_refused_naming_error_budget():
-    measure, _ = stand_in({"high": 100.0, "low": 100.0})
-    with pytest.raises(Wan22InputError, match=r"^error_budget: 0.001 cannot be met") as refused:
-        B.calibrate(0.001, ("high", "low"), measure, UNCACHED)
-    assert "set it to 0 to cache nothing" in str(refused.value)
+def test_without_a_confirmation_the_small_runs_are_the_calibration():
+    small, _full, calls = stand_in(1.2)
+    result = B.calibrate(0.03, small, None)
+    assert result.full is None and calls["full"] == [] and result.small[-1].error <= 0.03
+
+
+def test_a_budget_below_the_smallest_change_is_refused_naming_error_budget_and_that_change():
+    small, full, calls = stand_in(1.0, smallest=0.05)  # one cached step changes 0.05: a budget of 0.01 cannot hold
+    with pytest.raises(Wan22InputError) as refused:
+        B.calibrate(0.01, small, full)
+    assert refused.value.input_name == "error_budget"
+    assert "0.0500" in str(refused.value) and calls["full"] == []
 
 
 def test_a_run_with_nothing_to_cache_is_refused_naming_error_budget():
-    measure, _ = stand_in({"high": 1.0, "low": 1.0}, floor={"high": 9.0, "low": 9.0})
-    with pytest.raises(Wan22InputError, match=r"^error_budget: .*no step the cache could skip"):
-        B.calibrate(0.05, ("high", "low"), measure, UNCACHED)
+    def nothing(target):
+        return B.Trial(target=target, error=0.0, estimate=0.0, cached=0, smallest=None, work=0.1)
+    with pytest.raises(Wan22InputError, match="no step the cache could skip") as refused:
+        B.calibrate(0.03, nothing, nothing)
+    assert refused.value.input_name == "error_budget"
 
 
-@pytest.mark.parametrize("budget", [-0.01, 1.5, float("nan"), float("inf"), "0.03", None])
+@pytest.mark.parametrize("budget", [-0.1, 1.5, float("nan"), float("inf")])
 def test_a_budget_out_of_range_is_refused_naming_error_budget(budget):
-    with pytest.raises(Wan22InputError, match=r"^error_budget: "):
-        B.check_budget(budget)
+    with pytest.raises(Wan22InputError) as refused:
+        B.calibrate(budget, *stand_in(1.0)[:2])
+    assert refused.value.input_name == "error_budget"
 
 
-def test_an_expert_that_cannot_cache_within_its_share_leaves_the_budget_to_the_other():
-    """Each expert alone costs more than half the budget at its smallest threshold, one of them less than all
-    of it: that one caches, alone, within the budget."""
-    measure, _ = stand_in({"high": 2.0, "low": 0.6})
-    budget = 0.006 / (B.MARGIN * 0.9)  # low's smallest threshold (0.01) costs 0.006: within it, not within half
-    result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
-    assert result.thresholds["high"] is None and result.thresholds["low"] is not None
-    assert result.error <= budget * B.MARGIN
-
-
-def test_each_setting_is_measured_once():
-    measure, calls = stand_in({"high": 0.5, "low": 0.2})
-    B.calibrate(0.05, ("high", "low"), measure, UNCACHED)
-    keys = [tuple(sorted(c.items())) for c in calls]
-    assert len(keys) == len(set(keys))
-
-
-def test_a_smallest_threshold_that_caches_nothing_does_not_count_as_fitting():
-    """Found on the bed: both experts' smallest threshold cached nothing (error 0, within any share) and the
-    next ones cost more than a share; the expert that fits the whole budget alone must still get it."""
-    measure, _ = stand_in({"high": 2.0, "low": 0.45}, floor={"high": 0.011, "low": 0.011})
-    budget = 0.006 / (B.MARGIN * 0.9)  # low at 0.0125 costs 0.0056: within the budget, not within a share
-    result = B.calibrate(budget, ("high", "low"), measure, UNCACHED)
-    assert result.thresholds["high"] is None and result.thresholds["low"] is not None
-    assert result.block_forwards < UNCACHED and result.error <= budget * B.MARGIN
-
-
-def within(budget: float, calibration_error: float, confirmation_error: float) -> bool:
-    """The documented test of two seeds: their mean within the budget's margin, each within the budget."""
-    return ((calibration_error + confirmation_error) / 2 <= budget * B.MARGIN
-            and max(calibration_error, confirmation_error) <= budget)
-
-
-def test_settings_the_confirming_seed_misses_step_down_until_it_meets_the_target_too():
-    measure, _ = stand_in({"high": 0.5, "low": 0.2})
-    confirm, _ = stand_in({"high": 1.0, "low": 0.6})  # the other seed: the same settings cost more
-    alone = B.calibrate(0.03, ("high", "low"), measure, UNCACHED)
-    # the calibration run alone would promise too much
-    assert not within(0.03, alone.error, confirm(alone.thresholds).error)
-    result = B.calibrate(0.03, ("high", "low"), measure, UNCACHED, confirm=confirm)
-    assert result.confirmation_error == pytest.approx(confirm(result.thresholds).error)
-    assert within(0.03, result.error, result.confirmation_error)
-    assert result.block_forwards < UNCACHED and result.block_forwards > alone.block_forwards
-    measured = [tuple(sorted(t.thresholds.items())) for t in result.confirmations]
-    assert len(measured) == len(set(measured)) > 1  # each setting confirmed once; the first one missed
-
-
-def test_the_two_seeds_mean_is_held_to_the_target_and_each_seed_to_the_budget():
-    """A confirming seed costlier than the target but within the budget does not make the settings step down
-    while the two seeds' mean meets the target (the median over seeds is what the budget promises)."""
-    measure, _ = stand_in({"high": 0.5, "low": 0.2})
-    confirm, _ = stand_in({"high": 0.8, "low": 0.3})
-    result = B.calibrate(0.03, ("high", "low"), measure, UNCACHED, confirm=confirm)
-    assert result.target < result.confirmation_error <= 0.03
-    assert (result.error + result.confirmation_error) / 2 <= result.target
-
-
-def test_a_budget_only_the_calibration_run_meets_is_refused_naming_the_confirming_seed():
-    measure, _ = stand_in({"high": 0.5, "low": 0.5})
-    confirm, _ = stand_in({"high": 1000.0, "low": 1000.0})
-    with pytest.raises(Wan22InputError, match=r"^error_budget: 0.03 cannot be met: .* on the confirming seed"):
-        B.calibrate(0.03, ("high", "low"), measure, UNCACHED, confirm=confirm)
-
-
-def test_no_expert_can_step_up_a_rung_that_caches_more_and_still_meets_the_target():
-    """The search uses the headroom the ladder's steps leave: from its result, one rung up on any cached expert
-    either caches nothing more or misses the budget's test of the two seeds."""
-    measure, _ = stand_in({"high": 0.5, "low": 0.05})  # low's share alone leaves room beside high's
-    confirm, _ = stand_in({"high": 0.5, "low": 0.05})
-    for budget in (0.01, 0.03, 0.05):
-        result = B.calibrate(budget, ("high", "low"), measure, UNCACHED, confirm=confirm)
-        for role, threshold in result.thresholds.items():
-            if threshold is None or threshold == B.LADDER[-1]:
-                continue
-            higher = {**result.thresholds, role: B.LADDER[B.LADDER.index(threshold) + 1]}
-            assert (measure(higher).block_forwards >= result.block_forwards
-                    or not within(budget, measure(higher).error, confirm(higher).error)), (budget, role)
+@pytest.mark.parametrize("size", [0.0, 0.05, 1.5, float("nan")])
+def test_a_calibration_size_out_of_range_is_refused_naming_it(size):
+    with pytest.raises(Wan22InputError) as refused:
+        B.check_size(size)
+    assert refused.value.input_name == "calibration_size"

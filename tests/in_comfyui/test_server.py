@@ -144,8 +144,14 @@ def test_the_canvas_learns_the_old_sampler_names_from_the_server(tiny_models_ser
     assert tiny_models_server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"},
                                                        "split_nodes": ["Wan22Schedule", "Wan22LeadStage"],
                                                        "server_note": None,  # no WAN22_SERVER_NOTE here
-                                                       "added_inputs": {"Wan22ParallelPlan": {
-                                                           "saved_length": 4, "values": ["ulysses"]}}}
+                                                       "added_inputs": {
+        "Wan22ParallelPlan": {"saved_length": 4, "values": ["ulysses"]},
+        # Saved before the calibrator, the criterion and the error target: the threshold criterion they ran with.
+        "Wan22CacheDiT": {"saved_length": 9, "values": ["none", "threshold", 0.0125]},
+        "Wan22CacheDiTModel": {"saved_length": 7, "values": ["none", "threshold", 0.0125]},
+        # Saved before calibration_size (seed, its control, cfg_high, cfg_low, error_budget): calibrated at full
+        # size, as they were.
+        "Wan22CacheBudget": {"saved_length": 5, "values": [1.0]}}}
 
 
 def hostile_bodies(tiny_models):
