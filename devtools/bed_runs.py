@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from bench.common import ROOT  # noqa: F401  (puts the checkout on sys.path)
-
-LATENT = (1, 16, 3, 12, 12)  # the bed's latent: 3 latent frames of 12 x 12 (a 96 x 96 x 9 video)
 _HARNESS = {}  # one ComfyUI per process (ComfyUI's server and node registry are process-wide)
 
 
@@ -31,6 +28,7 @@ class BedRuns:
     def __init__(self, base: str, bed):
         from devtools.testbed import World
 
+        self.bed = bed
         self.comfy = harness(base)
         import comfy.sd
 
@@ -38,10 +36,13 @@ class BedRuns:
         if key not in _HARNESS:
             _HARNESS[key] = {role: comfy.sd.load_diffusion_model(path) for role, path in bed.files.items()}
         self.models = _HARNESS[key]
-        self.world = World(bed.log["config"]["seed"])
+        self.world = World(bed.config)
         self.engine = self.comfy.pack("nodes.engine")
         self.experts = self.comfy.pack("nodes.expert_models").experts_handle(self.models)
-        self.latent = {"samples": torch.zeros(LATENT)}
+
+    def latent(self, size: tuple[int, int] | None = None) -> dict:
+        """The empty latent of a size the bed was trained at (its measured size by default)."""
+        return {"samples": torch.zeros(self.bed.config.latent(size))}
 
     def schedule(self, run: dict):
         return self.comfy.pack("nodes.sigmas").build_schedule(
@@ -51,7 +52,7 @@ class BedRuns:
     def conditioning(self, cls: int) -> tuple[list, list]:
         return [[self.world.context(cls), {}]], [[self.world.context(None), {}]]
 
-    def run(self, run: dict, seed: int, cls: int, patch=None) -> torch.Tensor:
+    def run(self, run: dict, seed: int, cls: int, patch=None, size: tuple[int, int] | None = None) -> torch.Tensor:
         """The final latent of the template's graph (`patch(role, MODEL) -> MODEL`: a cache node on each expert,
         where the template's graph would have it)."""
         import nodes
@@ -62,7 +63,7 @@ class BedRuns:
         switch = self.schedule(run).high_steps
         common = (seed, run["steps"])
         first = nodes.common_ksampler(models["high"], *common, run["cfg"]["high"], run["sampler"], run["scheduler"],
-                                      positive, negative, self.latent, denoise=1.0, disable_noise=False,
+                                      positive, negative, self.latent(size), denoise=1.0, disable_noise=False,
                                       start_step=0, last_step=switch, force_full_denoise=False)[0]
         return nodes.common_ksampler(models["low"], *common, run["cfg"]["low"], run["sampler"], run["scheduler"],
                                      positive, negative, first, denoise=1.0, disable_noise=True, start_step=switch,
@@ -72,11 +73,11 @@ class BedRuns:
         """A latent as the transformer sees it (Wan21.process_in): where the bed's data and templates live."""
         return self.models["low"].model.latent_format.process_in(latent)
 
-    def ours(self, run: dict, seed: int, cls: int, plan=None):
+    def ours(self, run: dict, seed: int, cls: int, plan=None, size: tuple[int, int] | None = None):
         """The pack's two-stage sampler on the bed: (final latent, run record)."""
         positive, negative = self.conditioning(cls)
         experts = self.experts.replace(cache_plan=plan)
-        latent, record = self.engine.sample(experts, self.schedule(run), positive, negative, self.latent, seed,
+        latent, record = self.engine.sample(experts, self.schedule(run), positive, negative, self.latent(size), seed,
                                             dict(run["cfg"]))
         return latent["samples"], record
 

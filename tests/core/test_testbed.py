@@ -1,7 +1,9 @@
-"""The trained test bed's builder (devtools/testbed.py), on a quick small version: deterministic for a seed,
-keyed by its script, its training-only attention shortcut exact, and its template fit a real measure."""
+"""The trained test beds' builder (devtools/testbed.py), on a quick small version: deterministic for a config,
+keyed by its script, its training-only attention shortcut exact, and its template fit a real measure on every
+bed's data world (textures, pans and sizes included)."""
 
 import dataclasses
+import json
 import shutil
 
 import pytest
@@ -35,17 +37,50 @@ def test_the_cache_key_is_the_scripts_content(tmp_path):
     assert testbed.script_key(str(copy)) != testbed.script_key()
 
 
-def test_the_cache_lives_outside_the_clone(monkeypatch, tmp_path):
+def test_the_cache_lives_outside_the_clone_one_folder_per_bed(monkeypatch, tmp_path):
     monkeypatch.delenv("WAN22_TESTBED_CACHE", raising=False)
     assert not testbed.bed_folder().startswith(testbed.ROOT)
     monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path))
-    assert testbed.bed_folder() == str(tmp_path / testbed.script_key())
+    assert testbed.bed_folder() == str(tmp_path / testbed.script_key() / testbed.TUNING)
+    assert len({testbed.bed_folder(name) for name in testbed.BEDS}) == len(testbed.BEDS)
+
+
+def test_one_tuning_bed_and_held_out_beds_that_differ_where_models_differ():
+    assert [name for name, role in testbed.ROLES.items() if role == "tuning"] == [testbed.TUNING]
+    assert len(testbed.BEDS) >= 3
+    configs = list(testbed.BEDS.values())
+    for field in ("num_layers", "heads", "shapes", "seed"):
+        assert len({getattr(c, field) for c in configs}) > 1, field
+    assert any(len(c.sizes) > 1 for c in configs)  # calibrating small and running large can be measured
+    assert all(8 <= c.num_layers <= 16 for c in configs)
+
+
+def test_a_config_comes_back_from_its_json():
+    for config in testbed.BEDS.values():
+        assert testbed.BedConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+
+
+def test_each_bed_trains_on_its_own_data_deterministically():
+    """A training batch of every bed, at each of its sizes, twice from the same generator: equal; the beds' worlds
+    differ."""
+    batches = {}
+    for name, config in testbed.BEDS.items():
+        world = testbed.World(config)
+        for size in config.sizes:
+            first, second = (testbed.flow_batch(world, "low", 2, torch.Generator().manual_seed(4), 0.1, size)
+                             for _ in range(2))
+            assert all(torch.equal(a, b) for a, b in zip(first, second))
+            assert first[0].shape == (2, testbed.CHANNELS, *(size[0], size[1], size[1]))
+        batches[name] = testbed.flow_batch(world, "low", 2, torch.Generator().manual_seed(4), 0.1)[3]
+    names = list(batches)
+    assert all(not torch.equal(batches[a], batches[b]) for a in names for b in names if a < b
+               and batches[a].shape == batches[b].shape)
 
 
 def test_the_short_context_attention_equals_attention_over_all_512_rows():
     from diffusers import WanTransformer3DModel
 
-    world = testbed.World(0)
+    world = testbed.World(testbed.QUICK)
     torch.manual_seed(0)
     model = WanTransformer3DModel(**testbed.model_config(testbed.QUICK)).eval()
     with torch.no_grad():
@@ -64,12 +99,14 @@ def test_the_short_context_attention_equals_attention_over_all_512_rows():
     assert torch.allclose(shortcut, reference, rtol=1e-4, atol=1e-5)
 
 
-def test_clean_data_fits_its_own_template_and_noise_fits_none():
-    world = testbed.World(0)
-    data, classes = world.sample(8, torch.Generator().manual_seed(5))
-    fits = [world.fit(x) for x in data]
-    assert all(f["rel_l2"] < 0.15 for f in fits)  # the texture the data carries: about 0.05
-    assert [f["class"] for f in fits] == classes.tolist()
-    noise = world.fit(torch.randn(testbed.CHANNELS, testbed.FRAMES, testbed.SIZE, testbed.SIZE,
-                                  generator=torch.Generator().manual_seed(6)))
-    assert noise["rel_l2"] > 0.95
+@pytest.mark.parametrize("name", list(testbed.BEDS))
+def test_clean_data_fits_its_own_template_and_noise_fits_none(name):
+    config = testbed.BEDS[name]
+    world = testbed.World(config)
+    for size in config.sizes:
+        data, classes = world.sample(4, torch.Generator().manual_seed(5), size)
+        fits = [world.fit(x) for x in data]
+        assert all(f["rel_l2"] < 0.15 for f in fits)  # the noise the data carries: about 0.05
+        assert [f["class"] for f in fits] == classes.tolist()
+        noise = world.fit(torch.randn(data[0].shape, generator=torch.Generator().manual_seed(6)))
+        assert noise["rel_l2"] > 0.95
