@@ -25,12 +25,14 @@ demo: setup
 
 # Benchmarks and the endurance run: not part of `make test`. Results under bench/results/. `make quality` builds
 # the trained test bed once per machine (devtools/testbed.py, cached outside the clone) and measures on it.
-bench: setup quality
-	$(PY) -m bench.run
-	$(PY) -m bench.endurance
-	$(PY) -m bench.few_steps
-	$(PY) -m bench.compile
-	$(PY) -m bench.parallel
+BENCHES := bench.quality bench.run bench.endurance bench.few_steps bench.compile bench.parallel
+
+# Every part runs even when one fails; the target fails at the end naming the parts that did.
+bench: setup
+	@failed=""; for part in $(BENCHES); do \
+		echo "== $$part"; $(PY) -m $$part || failed="$$failed $$part"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
 quality: setup
 	$(PY) -m bench.quality

@@ -1,16 +1,28 @@
-"""Quality on the trained test bed: what each cache costs in error, against the blocks it saves and the time.
+"""Quality on the trained test beds: what each cache costs in error, against the blocks it saves and the time.
 
-Every point runs the official template's graph of ComfyUI's own nodes on the bed's two trained experts
-(devtools/testbed.py, built once per machine and cached): per expert MODEL -> [cache node] ->
-ModelSamplingSD3 -> KSamplerAdvanced (high: 0 -> switch with its leftover noise, low: switch -> end), with a
-class's prompt and the negative. Per step count, for each of CASES (a seed and a class):
+Every point runs the official template's graph of ComfyUI's own nodes on a bed's two trained experts
+(devtools/testbed.py: several beds, each built once per machine and cached; `tuning` is the only one any default
+is chosen on, the others are held out): per expert MODEL -> [cache node] -> ModelSamplingSD3 -> KSamplerAdvanced
+(high: 0 -> switch with its leftover noise, low: switch -> end), with a class's prompt and the negative. Per bed
+and step count (20 and 40 on every bed, and the few-step LoRA runs 4, 6, 8 on the tuning bed), for each of CASES
+(a seed and a class):
 
 - native: the graph without a cache node (the reference of that seed);
-- ours: Wan2.2 Cache-DiT (MODEL) on each expert, over thresholds from 0.03 to 0.3 at the node's defaults, and
-  over fewer thresholds with warm-up 1, with the caps lifted, with TaylorSeer and with 2 first compute blocks;
+- ours: Wan2.2 Cache-DiT (MODEL) on each expert, with the error criterion over error targets, and with the
+  threshold criterion over thresholds (the rest of its inputs at the node's defaults); the node's defaults;
 - ComfyUI's EasyCache and LazyCache (their other inputs at their defaults), over their thresholds;
-- error budgets 0.01, 0.03, 0.05: the Wan2.2 Cache-DiT Error Budget node's calibration on CALIBRATION (another
-  seed and class), then the pack's sampler with the calibrated plan on each case.
+- Spectrum (ComfyUI-Spectrum-WAN-Proper, unmodified, from ../shared/third_party; bench/peers.py), at its
+  defaults, over its window and warm-up, and with its bias_shift transition: skipped, saying why, where it is
+  not there;
+- error budgets 0.03 and 0.05: the Wan2.2 Cache-DiT Error Budget node's calibration on CALIBRATION (another seed
+  and class) with its default calibration_size (a smaller latent, confirmed once at full size; on a bed trained
+  at several sizes, its smallest), then the pack's sampler with the calibrated plan on each case; what the
+  calibration cost, in full-size uncached runs of transformer work; and a budget below any cached step's change,
+  which must be refused naming error_budget.
+
+On the tuning bed it also measures the single-step table (each step cached alone, DBCache's reuse, against the
+residual change cache-dit sees there and the sampler's stride), which the error criterion's gains are fitted
+on, and whether each peer keeps state between queued runs on ComfyUI's cached MODEL.
 
 Error: relative L2 (and PSNR) of the final latent against the native run of the same seed and class, the
 median over the cases and their spread (min, max). Block cost: the transformer blocks run, counted by forward
@@ -18,14 +30,18 @@ hooks on the blocks, as a share of native's. Speed-up: each point's time against
 just before and after it in the same case (the machine is shared: only neighbouring runs compare), the median
 over the cases. Torch runs on one thread.
 
-It then checks, and prints, what the README states: the Cache-DiT node's defaults at 20 and 40 steps (median
-error at most 0.03, blocks skipped), a point of ours at no more error and no more block cost than each
-EasyCache or LazyCache point that skips something at a median error of 0.1 or less, and the budgets (median
-error within the budget, block cost falling as it grows, fewer blocks than the defaults at 0.05).
+It then checks, per bed, what the README states: the Cache-DiT node's defaults at 20 and 40 steps (median error
+at most 0.03, block cost at most 0.85), the budgets (median error within the budget, block cost falling as it
+grows, the refusal, the calibration's work at most 3 full runs), and a point of ours at no more error and no
+more block cost than each peer point that skips something at a median error of 0.1 or less. `choose` derives
+the pack's error-criterion constants and default target from the tuning bed's results alone (a test holds the
+pack to them).
 
-Writes bench/results/quality.{json,md,png} (--quick: a smoke test on a quick bed, quality_quick.*).
+Writes bench/results/quality_<bed>.{json,md,png} and quality.md (the beds side by side, every check);
+--quick is a smoke test on a quick bed (a few points, 20 steps; quality_quick.*, its figures claim nothing).
 
-    .venv/bin/python -m bench.quality [--steps 20 40 ...] [--quick]
+    .venv/bin/python -m bench.quality [--bed tuning deep wide] [--steps 20 40 ...] [--jobs 2] [--quick]
+    .venv/bin/python -m bench.quality --choose     # the constants the tuning bed's results choose
 """
 
 from __future__ import annotations
@@ -33,72 +49,96 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
 
-from bench.common import ROOT, Timer, finish_grid, plot_grid
+from bench.common import QUICK_NOTE, ROOT, Timer, add_output_arguments, finish_grid, plot_grid
 from bench.few_steps import BlockCounter, Methods, round_references, with_natives
-from bench.run import RESULTS, psnr_db, rel_l2
+from bench.peers import (SPECTRUM_BACKENDS, SPECTRUM_DEFAULTS, spectrum_missing, spectrum_node, spectrum_patch,
+                         spectrum_restore)
+from bench.run import psnr_db, rel_l2
 
 LORA_RUN = {"sampler": "euler", "scheduler": "simple", "flow_shift": 5.0, "cfg": {"high": 1.0, "low": 1.0}}
 RUNS = {4: LORA_RUN, 6: LORA_RUN, 8: LORA_RUN,
         20: {"sampler": "uni_pc", "scheduler": "simple", "flow_shift": 8.0, "cfg": {"high": 4.0, "low": 3.0}},
         40: {"sampler": "euler", "scheduler": "simple", "flow_shift": 5.0, "cfg": {"high": 4.0, "low": 3.0}}}
+MAIN_STEPS, FEW_STEPS = (20, 40), (4, 6, 8)
 CASES = [(101, 1), (202, 4), (303, 6)]  # (seed, class) of each measured run
 CALIBRATION = (11, 0)  # the budget node's calibration run: another seed and class
-OURS = [0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.16, 0.24, 0.3]
-OURS_FEW = [0.04, 0.06, 0.1, 0.16, 0.24]
+TARGETS = [0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.07, 0.1]
+THRESHOLDS = [0.03, 0.05, 0.08, 0.12, 0.16, 0.24]
 COMFY = [0.02, 0.05, 0.1, 0.2, 0.3]
-BUDGETS = [0.01, 0.03, 0.05]
+SPECTRUM = {"defaults": {}, "window 1.5": {"window_size": 1.5}, "window 3": {"window_size": 3.0},
+            "window 4": {"window_size": 4.0}, "warm-up 3": {"warmup_steps": 3}, "warm-up 8": {"warmup_steps": 8},
+            "bias_shift": {"transition_mode": "bias_shift"}}
+BUDGETS = [0.03, 0.05]
+REFUSED_BUDGET = 0.0005  # below any cached step's change on the beds: must be refused naming error_budget
+MAX_BUDGET_WORK = 3.0  # full-size uncached runs a budget's calibration may cost
+DEFAULTS_BOUND = {"rel_l2": 0.03, "block_cost": 0.85}
+CHOICE_MARGIN = 2 / 3  # the default target is chosen to keep the tuning bed at 2/3 of the error bound
 NATIVE_EVERY = 6
-VARIANTS = {  # our variants: (thresholds, node inputs over the defaults, per expert)
-    "ours": (OURS, {}, {}),
-    "ours_warmup1": (OURS_FEW, {}, {"high": {"warmup_steps": 1}, "low": {"warmup_steps": 1}}),
-    "ours_uncapped": (OURS_FEW, {"max_cached_steps": -1, "max_continuous_cached_steps": -1}, {}),
-    "ours_taylorseer": (OURS_FEW, {"calibrator": "taylorseer"}, {}),
-    "ours_f2": (OURS_FEW, {"first_compute_blocks": 2}, {}),
-}
-LABELS = {"ours": "Cache-DiT, threshold swept (the rest at the defaults)", "ours_warmup1": "Cache-DiT, warm-up 1",
-          "ours_uncapped": "Cache-DiT, caps lifted", "ours_taylorseer": "Cache-DiT + TaylorSeer",
-          "ours_f2": "Cache-DiT, 2 first compute blocks", "easycache": "ComfyUI EasyCache",
-          "lazycache": "ComfyUI LazyCache", "budget": "Cache-DiT Error Budget (calibrated elsewhere)"}
-COLOURS = {"ours": "#d62728", "ours_warmup1": "#ff9896", "ours_uncapped": "#8c564b", "ours_taylorseer": "#9467bd",
-           "ours_f2": "#e377c2", "easycache": "#2ca02c", "lazycache": "#1f77b4", "budget": "#000000"}
+LABELS = {"ours_error": "Cache-DiT, error criterion (target swept)",
+          "ours_threshold": "Cache-DiT, threshold criterion (threshold swept)",
+          "defaults": "Cache-DiT node defaults", "easycache": "ComfyUI EasyCache", "lazycache": "ComfyUI LazyCache",
+          "spectrum": "Spectrum-WAN", "budget": "Cache-DiT Error Budget (calibrated elsewhere)"}
+COLOURS = {"ours_error": "#d62728", "ours_threshold": "#8c564b", "defaults": "#ff7f0e", "easycache": "#2ca02c",
+           "lazycache": "#1f77b4", "spectrum": "#9467bd", "budget": "#000000"}
 FLOOR = 1e-5
 
 
-def points(methods: Methods, defaults: dict, quick: bool) -> dict:
-    """name -> (method, threshold, patch(role, MODEL) -> MODEL)."""
+# --- the points ---
+
+def points(runs, methods: Methods, steps: int, quick: bool) -> dict:
+    """name -> (method, parameter, patch(role, MODEL) -> MODEL) for one bed and step count."""
+    defaults = runs.comfy.pack("nodes.core.cache").CachePlan().node_inputs()
     out = {}
-    for method, (thresholds, common, per_expert) in VARIANTS.items():
-        if quick and method == "ours_f2":  # the quick bed has 2 layers: nothing would be left to cache
-            continue
-        for t in (thresholds[::4] if quick else thresholds):
-            out[f"{method}@{t:g}"] = (method, t, methods.ours(t, common, per_expert))
+    error = {"criterion": "error"}
+    for t in (TARGETS[1::3] if quick else TARGETS):
+        out[f"ours_error@{t:g}"] = ("ours_error", t, methods.ours(defaults["residual_diff_threshold"],
+                                                                  {**error, "error_target": t}, {}))
+    for t in (THRESHOLDS[1::3] if quick else THRESHOLDS):
+        out[f"ours_threshold@{t:g}"] = ("ours_threshold", t, methods.ours(t, {"criterion": "threshold"}, {}))
+    node = {"criterion": defaults["criterion"], "error_target": defaults["error_target"]}
+    out["defaults"] = ("defaults", defaults["error_target"], methods.ours(defaults["residual_diff_threshold"], node,
+                                                                         {}))
     for kind in ("easycache", "lazycache"):
         for t in (COMFY[::2] if quick else COMFY):
             out[f"{kind}@{t:g}"] = (kind, t, methods.comfy(kind, t))
-    threshold = defaults["residual_diff_threshold"]
-    out["defaults"] = ("defaults", threshold, methods.ours(threshold, {}, {}))
+    if steps in MAIN_STEPS and spectrum_missing() is None:
+        for name, inputs in (list(SPECTRUM.items())[:1] if quick else SPECTRUM.items()):
+            out[f"spectrum@{name}"] = ("spectrum", name, spectrum_patch(runs.comfy, **inputs))
     return out
+
+
+def spectrum_applied_once(harness):
+    """Spectrum as a graph applies it: its node once per expert, nothing taken off after (measure_state)."""
+    node = spectrum_node(harness)
+
+    def patch(role, model):
+        return node().apply(model=model, **{**SPECTRUM_DEFAULTS, "backend": SPECTRUM_BACKENDS[role]})[0]
+    return patch
 
 
 def summarise(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure_steps(runs, counter, methods, defaults, steps: int, quick: bool, log) -> dict:
-    """Every point on every case at one step count, then the budgets."""
+def measure_steps(runs, counter, methods, steps: int, quick: bool, log) -> dict:
+    """Every point on every case at one step count (timed between neighbouring native runs), then the budgets."""
     run = {**RUNS[steps], "steps": steps}
-    named = points(methods, defaults, quick)
+    named = points(runs, methods, steps, quick)
     timer = Timer(torch.device("cpu"))
     per_point = {name: {"rel_l2": [], "psnr": [], "cost": [], "speedup": []} for name in named}
     native_blocks, native_s = [], []
-    for seed, cls in CASES:
+    for seed, cls in CASES[:1] if quick else CASES:
         blocks, timed = {}, {}
 
         def runner(name, patch):
@@ -125,42 +165,46 @@ def measure_steps(runs, counter, methods, defaults, steps: int, quick: bool, log
             point["psnr"].append(psnr_db(reference, latent))
             point["cost"].append(blocks[name] / blocks["native"])
             point["speedup"].append(references[name][0] / seconds)
-        log(f"[quality] {steps} steps, seed {seed} class {cls}: {len(named)} points")
+        log(f"[quality] {runs.bed.name}, {steps} steps, seed {seed} class {cls}: {len(named)} points")
     rows = []
-    for name, (method, threshold, _patch) in named.items():
+    for name, (method, parameter, _patch) in named.items():
         p = per_point[name]
-        rows.append({"method": method, "threshold": threshold, "rel_l2": summarise(p["rel_l2"]),
+        rows.append({"method": method, "threshold": parameter, "rel_l2": summarise(p["rel_l2"]),
                      "psnr_db": summarise(p["psnr"]), "block_cost": summarise(p["cost"]),
                      "speedup": statistics.median(p["speedup"]), "per_case": p})
-    rows += measure_budgets(runs, counter, run, quick, log)
+    if steps in MAIN_STEPS:
+        rows += measure_budgets(runs, counter, run, quick, log)
     return {"steps": steps, **run, "split": list(runs.schedule(run).split), "native_blocks": native_blocks[0],
             "native_median_s": statistics.median(native_s), "points": rows}
 
 
 def measure_budgets(runs, counter, run: dict, quick: bool, log) -> list:
-    """Each budget calibrated once on CALIBRATION, then run on every case by the pack's sampler."""
-    from bench.quality_runs import LATENT
-
+    """Each budget calibrated once on CALIBRATION (the node's default calibration_size; a bed trained at several
+    sizes calibrates at its smallest), then run on every case by the pack's sampler; and REFUSED_BUDGET."""
     budget_nodes = runs.comfy.pack("nodes.budget_nodes")
     errors = runs.comfy.pack("nodes.core.errors")
     plan = runs.comfy.pack("nodes.core.cache").CachePlan()
     seed, cls = CALIBRATION
     positive, negative = runs.conditioning(cls)
-    schedule = runs.schedule(run)
+    handle = runs.comfy.pack("nodes.types").ScheduleHandle(runs.schedule(run))
+    sizes = runs.bed.config.sizes
+    size = (sizes[0][1] / sizes[-1][1]) if len(sizes) > 1 else budget_nodes.Wan22CacheBudget.define_schema().inputs[
+        -1].default
     rows = []
-    for budget in (BUDGETS[1:2] if quick else BUDGETS):
+    for budget in [REFUSED_BUDGET, *(BUDGETS[:1] if quick else BUDGETS)]:
         started = time.perf_counter()
         try:
-            experts, calibration = budget_nodes.calibrate(runs.experts.replace(cache_plan=plan), schedule, positive,
-                                                          negative, {"samples": torch.zeros(LATENT)}, seed,
-                                                          dict(run["cfg"]), budget)
+            experts, calibration = budget_nodes.calibrate(runs.experts.replace(cache_plan=plan), handle, positive,
+                                                          negative, runs.latent(), seed, dict(run["cfg"]), budget,
+                                                          size)
         except errors.Wan22InputError as refused:
-            rows.append({"method": "budget", "threshold": budget, "refused": str(refused)})
+            rows.append({"method": "budget", "threshold": budget, "refused": str(refused),
+                         "refused_input": refused.input_name})
             log(f"[quality] budget {budget}: {refused}")
             continue
         seconds = time.perf_counter() - started
         errs, costs = [], []
-        for case_seed, case_cls in CASES:
+        for case_seed, case_cls in CASES[:1] if quick else CASES:
             counter.count = 0
             reference = runs.run(run, case_seed, case_cls)
             native_blocks, counter.count = counter.count, 0
@@ -168,271 +212,434 @@ def measure_budgets(runs, counter, run: dict, quick: bool, log) -> list:
             costs.append(counter.count / native_blocks)
             errs.append(rel_l2(reference, latent))
         rows.append({"method": "budget", "threshold": budget, "rel_l2": summarise(errs), "block_cost": summarise(costs),
-                     "thresholds": calibration.thresholds, "calibration_error": calibration.error,
-                     "confirmation_error": calibration.confirmation_error,
-                     "calibration_runs": len(calibration.trials) + len(calibration.confirmations)
-                     + (2 if calibration.confirmations else 1),  # and the uncached runs
-                     "calibration_s": round(seconds, 1),
+                     "error_target": calibration.target, "calibration_size": size,
+                     "calibration": budget_nodes.calibration_report(calibration),
+                     "work_in_full_runs": calibration.work, "calibration_s": round(seconds, 1),
                      "per_case": {"rel_l2": errs, "cost": costs}})
         log(f"[quality] budget {budget}: {calibration.describe()}; median error on the cases "
             f"{statistics.median(errs):.4f}")
     return rows
 
 
+# --- the tuning bed's own tables: single steps, and the peers' state between queued runs ---
+
+def measure_single_steps(runs, steps: int, quick: bool, log) -> dict:
+    """Each step cached alone (DBCache's reuse: warm-up up to it, one cached step, a threshold that always
+    caches) on each case, its error against the uncached run; and the residual change cache-dit sees at every
+    step (a run that compares every step and caches none)."""
+    core = runs.comfy.pack("nodes.core.cache")
+    settings = core.ExpertCacheSettings
+    run = {**RUNS[steps], "steps": steps}
+    schedule = runs.schedule(run)
+    sigmas, switch = list(schedule.sigmas), schedule.high_steps
+
+    def plan(high, low, threshold):
+        return core.CachePlan(criterion="threshold", residual_diff_threshold=threshold, high=high, low=low,
+                              max_continuous_cached_steps=-1)
+    cases = []
+    for seed, cls in CASES[:1] if quick else CASES:
+        reference, _ = runs.ours(run, seed, cls, None)
+        _, record = runs.ours(run, seed, cls, plan(settings(0, -1), settings(0, -1), 1e-9))
+        diffs = {off + int(k): v for role, off in (("high", 0), ("low", switch))
+                 for k, v in record.cache[role]["residual_diffs"].items()}
+        skips = {}
+        for j in [k for k in range(1, steps) if k != switch][::7 if quick else 1]:
+            high, low = ((settings(j, 1), settings(0, 0)) if j < switch else
+                         (settings(0, 0), settings(j - switch, 1)))
+            latent, _ = runs.ours(run, seed, cls, plan(high, low, 1.0))
+            skips[j] = rel_l2(reference, latent)
+        cases.append({"seed": seed, "class": cls, "diffs": diffs, "skips": skips})
+        log(f"[quality] single steps, {steps} steps, seed {seed}")
+    return {"steps": steps, "sigmas": sigmas, "switch": switch, "cases": cases}
+
+
+def measure_state(runs, methods, log) -> dict:
+    """Per peer at 20 steps: the same patched MODELs queued for seed A, then B, then A again (does the third run
+    equal the first?), and an uncached run after them (does it equal one before?)."""
+    run = {**RUNS[20], "steps": 20}
+    (a_seed, a_cls), (b_seed, b_cls) = CASES[:2]
+    peers = {"ours (error criterion)": methods.ours(0.05, {"criterion": "error", "error_target": 0.03}, {}),
+             "easycache": methods.comfy("easycache", 0.2), "lazycache": methods.comfy("lazycache", 0.2)}
+    if spectrum_missing() is None:
+        peers["spectrum (its node applied once, as a graph does)"] = spectrum_applied_once(runs.comfy)
+    out = {}
+    for name, patch in peers.items():
+        before = runs.run(run, a_seed, a_cls)
+        patched = {role: patch(role, m) for role, m in runs.models.items()}
+        first = runs.run(run, a_seed, a_cls, lambda role, _m: patched[role])
+        runs.run(run, b_seed, b_cls, lambda role, _m: patched[role])
+        again = runs.run(run, a_seed, a_cls, lambda role, _m: patched[role])
+        after = runs.run(run, a_seed, a_cls)
+        out[name] = {"queued_again_equals_first": bool(torch.equal(first, again)),
+                     "uncached_after_equals_before": bool(torch.equal(before, after)),
+                     "queued_again_rel_l2": rel_l2(first, again), "uncached_after_rel_l2": rel_l2(before, after)}
+        restore(runs)
+        log(f"[quality] state between queued runs, {name}: {out[name]}")
+    return out
+
+
 # --- what the README states, checked ---
 
-def checks(results: list) -> list[dict]:
+def dominated_by_ours(theirs: dict, ours: list) -> dict | None:
+    match = [p for p in ours if p["rel_l2"]["median"] <= theirs["rel_l2"]["median"]
+             and p["block_cost"]["median"] <= theirs["block_cost"]["median"]]
+    return min(match, key=lambda p: (p["block_cost"]["median"], p["rel_l2"]["median"]), default=None)
+
+
+def point_text(p: dict) -> str:
+    return f"{p['method']} {p['threshold']:g}" if isinstance(p["threshold"], (int, float)) else \
+        f"{p['method']} {p['threshold']}"
+
+
+def checks(bed: dict) -> list[dict]:
     out = []
-    by_steps = {r["steps"]: r for r in results}
-    for steps in (20, 40):
+    by_steps = {r["steps"]: r for r in bed["step_counts"]}
+    name = bed["bed"]["name"]
+    for steps in MAIN_STEPS:
         r = by_steps.get(steps)
         if r is None:
             continue
         d = next(p for p in r["points"] if p["method"] == "defaults")
-        out.append({"check": f"{steps} steps: the Cache-DiT node's defaults cost a median relative L2 <= 0.03 and "
-                             "skip blocks", "value": f"{d['rel_l2']['median']:.4f} at block cost "
-                                                     f"{d['block_cost']['median']:.3f}",
-                    "holds": d["rel_l2"]["median"] <= 0.03 and d["block_cost"]["median"] < 1})
-        ours = [p for p in r["points"] if p["method"].startswith("ours") or p["method"] == "defaults"]
-        for theirs in (p for p in r["points"] if p["method"] in ("easycache", "lazycache")):
+        out.append({"check": f"{name}, {steps} steps: the Cache-DiT node's defaults cost a median relative L2 <= "
+                             f"{DEFAULTS_BOUND['rel_l2']} at a block cost <= {DEFAULTS_BOUND['block_cost']}",
+                    "value": f"{d['rel_l2']['median']:.4f} at block cost {d['block_cost']['median']:.3f}",
+                    "holds": d["rel_l2"]["median"] <= DEFAULTS_BOUND["rel_l2"]
+                    and d["block_cost"]["median"] <= DEFAULTS_BOUND["block_cost"]})
+        ours = [p for p in r["points"] if p["method"] in ("ours_error", "ours_threshold", "defaults", "budget")
+                and "refused" not in p]
+        for theirs in (p for p in r["points"] if p["method"] in ("easycache", "lazycache", "spectrum")):
             if not (theirs["block_cost"]["median"] < 1 and theirs["rel_l2"]["median"] <= 0.1):
                 continue
-            match = [p for p in ours if p["rel_l2"]["median"] <= theirs["rel_l2"]["median"]
-                     and p["block_cost"]["median"] <= theirs["block_cost"]["median"]]
-            best = min(match, key=lambda p: (p["block_cost"]["median"], p["rel_l2"]["median"]), default=None)
-            out.append({"check": f"{steps} steps: a point of ours at no more error and block cost than "
-                                 f"{theirs['method']} {theirs['threshold']:g} ({theirs['rel_l2']['median']:.4f}, "
+            best = dominated_by_ours(theirs, ours)
+            out.append({"check": f"{name}, {steps} steps: a point of ours at no more error and block cost than "
+                                 f"{point_text(theirs)} ({theirs['rel_l2']['median']:.4f}, "
                                  f"{theirs['block_cost']['median']:.3f})",
-                        "value": "none" if best is None else f"{best['method']} {best['threshold']:g} "
-                                                             f"({best['rel_l2']['median']:.4f}, "
+                        "value": "none" if best is None else f"{point_text(best)} ({best['rel_l2']['median']:.4f}, "
                                                              f"{best['block_cost']['median']:.3f})",
                         "holds": best is not None})
-        budgets = [p for p in r["points"] if p["method"] == "budget" and "refused" not in p]
-        for p in budgets:
-            out.append({"check": f"{steps} steps: budget {p['threshold']:g} met (median of the cases)",
-                        "value": f"{p['rel_l2']['median']:.4f} at block cost {p['block_cost']['median']:.3f}",
-                        "holds": p["rel_l2"]["median"] <= p["threshold"]})
-        if len(budgets) == len(BUDGETS):
-            costs = [p["block_cost"]["median"] for p in budgets]
-            out.append({"check": f"{steps} steps: block cost falls as the budget grows",
+        budgets = [p for p in r["points"] if p["method"] == "budget"]
+        refused = [p for p in budgets if p["threshold"] == REFUSED_BUDGET]
+        if refused:
+            p = refused[0]
+            out.append({"check": f"{name}, {steps} steps: budget {REFUSED_BUDGET:g} (below any cached step) refused "
+                                 "naming error_budget", "value": p.get("refused", "not refused")[:100],
+                        "holds": p.get("refused_input") == "error_budget"})
+        met = [p for p in budgets if p["threshold"] != REFUSED_BUDGET and "refused" not in p]
+        for p in (p for p in budgets if p["threshold"] != REFUSED_BUDGET):
+            if "refused" in p:
+                out.append({"check": f"{name}, {steps} steps: budget {p['threshold']:g} met",
+                            "value": p["refused"][:100], "holds": False})
+                continue
+            out.append({"check": f"{name}, {steps} steps: budget {p['threshold']:g} met (median of the cases), its "
+                                 f"calibration at most {MAX_BUDGET_WORK:g} full runs of work",
+                        "value": f"{p['rel_l2']['median']:.4f} at block cost {p['block_cost']['median']:.3f}; "
+                                 f"calibration {p['work_in_full_runs']:.2f} full runs",
+                        "holds": p["rel_l2"]["median"] <= p["threshold"] and p["work_in_full_runs"] <= MAX_BUDGET_WORK})
+        if len(met) >= 2:
+            costs = [p["block_cost"]["median"] for p in sorted(met, key=lambda p: p["threshold"])]
+            out.append({"check": f"{name}, {steps} steps: block cost falls as the budget grows",
                         "value": " > ".join(f"{c:.3f}" for c in costs),
                         "holds": all(a >= b for a, b in zip(costs, costs[1:])) and costs[0] > costs[-1]})
-            out.append({"check": f"{steps} steps: budget 0.05 computes fewer blocks than the defaults",
-                        "value": f"{costs[-1]:.3f} against {d['block_cost']['median']:.3f}",
-                        "holds": costs[-1] < d["block_cost"]["median"]})
     return out
 
 
-def table(results: list) -> str:
-    lines = ["| steps | split | method | threshold | rel. L2 median [min, max] | PSNR dB | block cost | speed-up |",
+# --- the constants the tuning bed chooses ---
+
+def choose(tuning: dict) -> dict:
+    """The error criterion's gains (their low- and high-noise values and the sigmas between) fitted on the tuning
+    bed's single-step table, and the default error target: the largest swept target whose median error stays
+    within CHOICE_MARGIN of the defaults' bound at 20 and at 40 steps. Only the tuning bed may choose."""
+    if tuning["bed"]["role"] != "tuning":
+        raise ValueError(f"bed {tuning['bed']['name']!r} is held out: only the tuning bed chooses the defaults")
+    ratios = []  # (sigma, measured change / (residual change x sigma gap)) of every step cached alone
+    for table in tuning["single_steps"]:
+        sigmas = table["sigmas"]
+        for case in table["cases"]:
+            for j, skip in case["skips"].items():
+                diff = case["diffs"].get(str(j), case["diffs"].get(int(j)) if isinstance(case["diffs"], dict)
+                                         else None)
+                j = int(j)
+                if diff and diff > 0 and skip > 0:
+                    ratios.append((sigmas[j], skip / (diff * (sigmas[j] - sigmas[j + 1]))))
+    best = None
+    for a in range(780, 900, 5):
+        for b in range(a + 5, 960, 5):
+            for low in (1.8, 2.0, 2.2):
+                for high in (8.0, 9.0, 9.7, 10.5):
+                    def gain(s):
+                        return low + (high - low) * min(max((s - a / 1000) / ((b - a) / 1000), 0.0), 1.0)
+                    spread = statistics.median(abs(math.log(r / gain(s))) for s, r in ratios)
+                    if best is None or spread < best[0]:
+                        best = (spread, a / 1000, b / 1000, low, high)
+    bound = DEFAULTS_BOUND["rel_l2"] * CHOICE_MARGIN
+    by_steps = {r["steps"]: r for r in tuning["step_counts"]}
+    fits = [t for t in TARGETS if all(
+        next(p for p in by_steps[s]["points"] if p["method"] == "ours_error" and p["threshold"] == t)["rel_l2"]
+        ["median"] <= bound for s in MAIN_STEPS)]
+    return {"error_gain": {"low": best[3], "high": best[4]}, "gain_band": [best[1], best[2]],
+            "gain_spread": round(best[0], 4), "error_target": max(fits) if fits else None}
+
+
+def pack_constants() -> dict:
+    from devtools.paths import import_pack
+
+    import_pack()
+    from wan22_cachedit.nodes.core import cache
+
+    return {"error_gain": dict(cache.ERROR_GAIN), "gain_band": list(cache.GAIN_BAND),
+            "error_target": cache.CachePlan().error_target}
+
+
+# --- writing ---
+
+def table(bed: dict) -> str:
+    lines = ["| steps | split | method | parameter | rel. L2 median [min, max] | PSNR dB | block cost | speed-up |",
              "|---|---|---|---|---|---|---|---|"]
-    for r in results:
+    for r in bed["step_counts"]:
         split = "/".join(map(str, r["split"]))
         lines.append(f"| {r['steps']} | {split} | native ({r['native_median_s']:.2f} s) | - | 0 | - | 1.000 | 1.00x |")
         for p in r["points"]:
-            label = LABELS.get(p["method"], "Cache-DiT node defaults")
+            label = LABELS[p["method"]]
+            parameter = p["threshold"] if isinstance(p["threshold"], str) else f"{p['threshold']:g}"
             if "refused" in p:
-                lines.append(f"| {r['steps']} | {split} | {label} | {p['threshold']:g} | refused: "
-                             f"{p['refused'][:90]} | - | - | - |")
+                lines.append(f"| {r['steps']} | {split} | {label} | {parameter} | refused: {p['refused'][:90]} | - "
+                             "| - | - |")
                 continue
             e, c = p["rel_l2"], p["block_cost"]
             psnr = f"{p['psnr_db']['median']:.1f}" if "psnr_db" in p else "-"
             speed = f"{p['speedup']:.2f}x" if "speedup" in p else "-"
-            extra = ("" if "thresholds" not in p else " (" + ", ".join(
-                f"{k} {'off' if v is None else f'{v:g}'}" for k, v in p["thresholds"].items()) + ")")
-            lines.append(f"| {r['steps']} | {split} | {label}{extra} | {p['threshold']:g} | {e['median']:.4f} "
+            extra = "" if "error_target" not in p else (f" (target {p['error_target']:.4g}, calibration "
+                                                        f"{p['work_in_full_runs']:.2f} full runs)")
+            lines.append(f"| {r['steps']} | {split} | {label}{extra} | {parameter} | {e['median']:.4f} "
                          f"[{e['min']:.4f}, {e['max']:.4f}] | {psnr} | {c['median']:.3f} | {speed} |")
     return "\n".join(lines)
 
 
-def chart(results: list, path: str, title: str) -> None:
+def chart(bed: dict, path: str) -> None:
+    results = [r for r in bed["step_counts"] if r["steps"] in MAIN_STEPS] or bed["step_counts"]
     fig, axes = plot_grid(len(results), 5.4, 4.4)
     for ax, r in zip(axes.flat, results):
         for method, label in LABELS.items():
-            pts = sorted((p for p in r["points"] if p["method"] == method and "refused" not in p),
-                         key=lambda p: p["threshold"])
+            pts = [p for p in r["points"] if p["method"] == method and "refused" not in p]
+            if method == "spectrum":
+                for p in pts:
+                    ax.plot([max(p["rel_l2"]["median"], FLOOR)], [p["block_cost"]["median"]], marker="D",
+                            markersize=5, color=COLOURS[method], linestyle="none", label=label)
+                continue
+            pts = sorted(pts, key=lambda p: p["threshold"])
             if pts:
                 ax.plot([max(p["rel_l2"]["median"], FLOOR) for p in pts], [p["block_cost"]["median"] for p in pts],
-                        marker="s" if method == "budget" else "o", markersize=4, color=COLOURS[method], label=label,
-                        linestyle=":" if method == "budget" else "-")
-        d = next(p for p in r["points"] if p["method"] == "defaults")
-        ax.plot([max(d["rel_l2"]["median"], FLOOR)], [d["block_cost"]["median"]], marker="*", markersize=12,
-                color="#ff7f0e", linestyle="none", label="Cache-DiT node defaults")
-        ax.axvline(0.03, color="#888888", linewidth=0.7, linestyle="--")
+                        marker="*" if method == "defaults" else "s" if method == "budget" else "o",
+                        markersize=12 if method == "defaults" else 4, color=COLOURS[method], label=label,
+                        linestyle="none" if method == "defaults" else ":" if method == "budget" else "-")
+        ax.axvline(DEFAULTS_BOUND["rel_l2"], color="#888888", linewidth=0.7, linestyle="--")
+        ax.axhline(DEFAULTS_BOUND["block_cost"], color="#888888", linewidth=0.7, linestyle="--")
         ax.set_xscale("log")
-        ax.set_title(f"{r['steps']} steps {r['sampler']}, shift {r['flow_shift']:g}, CFG {r['cfg']['high']:g}/"
-                     f"{r['cfg']['low']:g}, split {r['split'][0]}/{r['split'][1]}", fontsize=9)
+        ax.set_title(f"{bed['bed']['name']} ({bed['bed']['role']}): {r['steps']} steps {r['sampler']}, shift "
+                     f"{r['flow_shift']:g}, split {r['split'][0]}/{r['split'][1]}", fontsize=9)
         ax.set_xlabel(f"median relative L2 to the uncached latent ({len(CASES)} seeds x classes)", fontsize=8)
         ax.set_ylabel("block forwards, share of uncached", fontsize=8)
         ax.grid(alpha=0.3, which="both")
-    finish_grid(fig, axes, len(results), title, path)
+    finish_grid(fig, axes, len(results), f"Caches on the {bed['bed']['name']} bed: block cost against error", path)
 
 
 def bed_line(bed: dict) -> str:
-    gen, losses = bed["generation"], bed["losses"]
-    return (f"Bed `{bed['key']}`: {bed['config']['num_layers']} layers, trained {bed['training_wall_s']:.0f} s; "
-            f"validation loss high {losses['high']['first_validation']:.3f} -> "
+    gen, losses, config = bed["generation"], bed["losses"], bed["config"]
+    sizes = ", ".join(f"{f}x{s}x{s}" for f, s in config["sizes"])
+    return (f"Bed `{bed['name']}` ({bed['role']}, key `{bed['key']}`): {config['num_layers']} layers, "
+            f"{config['dim'] // 128} heads, ffn {config['ffn_dim']}, shapes {', '.join(config['shapes'])}, "
+            f"motions {', '.join(config['directions'])}, texture {config['texture']:g}, pan {config['pan']}, "
+            f"latent sizes {sizes}; trained {bed['training_wall_s']:.0f} s (steps high {losses['high']['steps']}, "
+            f"low {losses['low']['steps']}); validation loss high {losses['high']['first_validation']:.3f} -> "
             f"{losses['high']['best_validation']:.3f}, low {losses['low']['first_validation']:.3f} -> "
             f"{losses['low']['best_validation']:.3f}; samples fit a template at {gen['template_fit_mean']:.3f} "
             f"(clean data {gen['clean_data_fit_mean']:.3f}, noise 1.0), class right in {gen['class_right']} of "
-            f"{gen['of']} at CFG 4.")
+            f"{gen['of']} at CFG 4; SHA-256 high {bed['sha256']['high'][:12]}, low {bed['sha256']['low'][:12]}.")
 
 
-def write(name: str, out: dict) -> None:
-    """bench/results/{name}.json, .md (the bed, the table, the checks) and .png; printed too."""
-    results = out["step_counts"]
-    out["checks"] = held = checks(results)
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{name}.json"), "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=2, default=str)
-    text = table(results)
-    check_lines = "\n".join(["| check | measured | holds |", "|---|---|---|"] +
-                            [f"| {c['check']} | {c['value']} | {'yes' if c['holds'] else 'NO'} |" for c in held])
-    note = out.get("note", "")
-    with open(os.path.join(RESULTS, f"{name}.md"), "w", encoding="utf-8") as f:
-        f.write(f"# Quality on the trained test bed (cpu)\n\n{bed_line(out['bed'])}\n\n{text}\n\n{check_lines}\n\n"
-                f"{note}Plot: `{name}.png`. Config: `{json.dumps(out['config'])}`\n")
-    chart(results, os.path.join(RESULTS, f"{name}.png"),
-          "Caches on the trained tiny Wan2.2 bed: block cost against error (median of "
-          f"{len(CASES)} seeds x classes, CPU)")
-    print(bed_line(out["bed"]))
-    print(text)
-    print(check_lines)
-    print(f"[quality] written: {os.path.join(RESULTS, name)}.json, .md, .png")
+def yes_no(equal: bool, distance: float) -> str:
+    return "yes (bit for bit)" if equal else f"no (relative L2 {distance:.4f})"
 
 
-def render(name: str) -> None:
-    """Writes a measured result again with the Cache-DiT node's current defaults: their point is the swept point
-    with the same settings (the defaults changed their threshold only, to one the sweep measured)."""
-    from devtools.paths import import_pack
-
-    import_pack()
-    from wan22_cachedit.nodes.core.cache import CachePlan
-
-    with open(os.path.join(RESULTS, f"{name}.json"), encoding="utf-8") as f:
-        out = json.load(f)
-    defaults = CachePlan().node_inputs()
-    others = {k: v for k, v in defaults.items() if k != "residual_diff_threshold"}
-    if others != {k: v for k, v in out["config"]["defaults"].items() if k != "residual_diff_threshold"}:
-        raise SystemExit("the defaults changed more than their threshold: measure again")
-    threshold = defaults["residual_diff_threshold"]
-    for r in out["step_counts"]:
-        swept = next((p for p in r["points"] if p["method"] == "ours" and p["threshold"] == threshold), None)
-        if swept is None:
-            raise SystemExit(f"threshold {threshold} was not swept: measure again")
-        r["points"] = [p for p in r["points"] if p["method"] != "defaults"] + [{**swept, "method": "defaults"}]
-    out["config"]["defaults"] = defaults
-    out["note"] = (f"The defaults' point is the swept point at threshold {threshold:g} with the other inputs at "
-                   "the defaults (the same settings).\n\n")
-    write(name, out)
+def check_table(held: list) -> str:
+    return "\n".join(["| check | measured | holds |", "|---|---|---|"] +
+                     [f"| {c['check']} | {c['value']} | {'yes' if c['holds'] else 'NO'} |" for c in held])
 
 
-def remeasure_budgets(args) -> None:
-    """The budgets of the last result measured again at --steps (after a change to the budget's search)."""
-    import tempfile
+def write_bed(name: str, bed: dict, folder: str) -> None:
+    """{folder}/{name}.json, .md (the bed, the table, the checks, the extra tables) and .png; printed too."""
+    bed["checks"] = held = checks(bed)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:
+        json.dump(bed, f, indent=1, default=str)
+    extra = ""
+    if bed.get("state"):
+        rows = [f"| {peer} | {yes_no(s['queued_again_equals_first'], s['queued_again_rel_l2'])} | "
+                f"{yes_no(s['uncached_after_equals_before'], s['uncached_after_rel_l2'])} |"
+                for peer, s in bed["state"].items()]
+        extra += ("\nState between queued runs (seed A, seed B, then seed A again on the same patched MODELs; then "
+                  "an uncached run of seed A):\n\n| peer | A again = A | uncached after = uncached before |\n"
+                  "|---|---|---|\n" + "\n".join(rows) + "\n")
+    if bed.get("choice"):
+        extra += f"\nChosen on this bed (bench.quality --choose): `{json.dumps(bed['choice'])}`\n"
+    with open(os.path.join(folder, f"{name}.md"), "w", encoding="utf-8") as f:
+        f.write(f"# Quality on the `{bed['bed']['name']}` bed ({bed['bed']['role']}, cpu)\n\n{bed_line(bed['bed'])}"
+                f"\n\n{table(bed)}\n\n{check_table(held)}\n{extra}\n{bed.get('note', '')}Plot: `{name}.png`. "
+                f"Config: `{json.dumps(bed['config'])}`\n")
+    chart(bed, os.path.join(folder, f"{name}.png"))
+    print(bed_line(bed["bed"]))
+    print(table(bed))
+    print(check_table(held))
+    print(f"[quality] written: {os.path.join(folder, name)}.json, .md, .png")
 
+
+def write_summary(beds: dict, folder: str, name: str) -> None:
+    """{folder}/{name}.md: each bed's line, its defaults and budgets at 20 and 40 steps, every check."""
+    lines = ["# Quality on the trained test beds (cpu)", "",
+             "One bed (`tuning`) chooses every default; the others are held out. Each bed's full table and plot: "
+             "`quality_<bed>.md`, `.png`.", ""]
+    for bed in beds.values():
+        lines += [bed_line(bed["bed"]), "", "| steps | defaults (error, block cost) | budget 0.03 | budget 0.05 |",
+                  "|---|---|---|---|"]
+        for r in bed["step_counts"]:
+            if r["steps"] not in MAIN_STEPS:
+                continue
+            cells = []
+            for method, parameter in (("defaults", None), ("budget", 0.03), ("budget", 0.05)):
+                p = next((p for p in r["points"] if p["method"] == method
+                          and (parameter is None or p["threshold"] == parameter)), None)
+                cells.append("-" if p is None else "refused" if "refused" in p else
+                             f"{p['rel_l2']['median']:.4f}, {p['block_cost']['median']:.3f}")
+            lines.append(f"| {r['steps']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    held = [c for bed in beds.values() for c in bed["checks"]]
+    lines += [check_table(held), "",
+              f"Every check holds: {'yes' if all(c['holds'] for c in held) else 'NO'}.", ""]
+    with open(os.path.join(folder, f"{name}.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+# --- the runs ---
+
+def measure_bed(name: str, steps: list, quick: bool, log=print) -> dict:
+    """One bed's measurements at `steps` in this process (its ComfyUI, its experts loaded once)."""
     from devtools import testbed
-    from bench.quality_runs import BedRuns
+    from devtools.bed_runs import BedRuns
 
-    name = args.out or ("quality_quick" if args.quick else "quality")
-    with open(os.path.join(RESULTS, f"{name}.json"), encoding="utf-8") as f:
-        out = json.load(f)
-    bed = testbed.load_bed(testbed.bed_folder(testbed.script_key() + ("-quick" if args.quick else "")))
+    bed = testbed.build(name)  # once per machine: from the cache after the first time
     runs = BedRuns(tempfile.mkdtemp(prefix="wan22-quality-"), bed)
-    counter = BlockCounter(runs.models)
-    for r in out["step_counts"]:
-        if args.steps and r["steps"] in args.steps:
-            run = {**RUNS[r["steps"]], "steps": r["steps"]}
-            r["points"] = ([p for p in r["points"] if p["method"] != "budget"]
-                           + measure_budgets(runs, counter, run, args.quick, print))
-    write(name, out)
+    counter, methods = BlockCounter(runs.models), Methods(runs.comfy)
+    runs.run({**LORA_RUN, "steps": 4}, 1, 0)  # untimed: first calls
+    out = {"step_counts": []}
+    for s in steps:
+        begun = time.perf_counter()
+        out["step_counts"].append(measure_steps(runs, counter, methods, s, quick, log))
+        log(f"[quality] {name}, {s} steps in {time.perf_counter() - begun:.0f} s")
+    if bed.role in ("tuning", "quick") and any(s in MAIN_STEPS for s in steps):
+        out["single_steps"] = [measure_single_steps(runs, s, quick, log) for s in steps if s in MAIN_STEPS]
+        out["state"] = measure_state(runs, methods, log)
+    restore(runs)
+    return out
 
 
-def in_parts(step_counts: list, args) -> tuple[list, dict]:
-    """The step counts measured by `args.jobs` child processes side by side (the longest alone), merged."""
-    import subprocess
-    import sys
-    import tempfile
+def restore(runs) -> None:
+    """The bed's experts as they were loaded: what Spectrum leaves on the shared models taken off."""
+    if spectrum_missing() is None:
+        for model in runs.models.values():
+            spectrum_restore(model)
 
-    ordered = sorted(step_counts, reverse=True)
-    groups = [[ordered[0]], ordered[1:]] if args.jobs == 2 else [ordered[i::args.jobs] for i in range(args.jobs)]
+
+def bed_summary(bed) -> dict:
+    summary = {k: bed.log[k] for k in ("key", "name", "role", "config", "training_wall_s", "sha256", "generation")}
+    summary["losses"] = {role: {k: t[k] for k in ("first_validation", "best_validation", "best_step", "steps",
+                                                   "stopped", "seconds")}
+                         for role, t in bed.log["training"].items()}
+    return summary
+
+
+def in_parts(units: list, args) -> list:
+    """(bed, steps) units measured by `args.jobs` child processes of one thread each, the longest first."""
+    groups = [units[i::args.jobs] for i in range(args.jobs)]
     with tempfile.TemporaryDirectory(prefix="wan22-quality-parts-") as tmp:
         procs = []
         for i, group in enumerate(g for g in groups if g):
             part = os.path.join(tmp, f"part{i}.json")
-            command = [sys.executable, "-m", "bench.quality", "--part", part, "--steps", *map(str, group)]
+            command = [sys.executable, "-m", "bench.quality", "--part", part, "--units", json.dumps(group)]
             procs.append((part, subprocess.Popen(command + (["--quick"] if args.quick else []), cwd=ROOT)))
         parts = []
         for part, proc in procs:
             if proc.wait() != 0:
                 raise RuntimeError(f"a part of the benchmark failed (exit {proc.returncode})")
             with open(part, encoding="utf-8") as f:
-                parts.append(json.load(f))
-    by_steps = {r["steps"]: r for part in parts for r in part["step_counts"]}
-    return [by_steps[s] for s in step_counts], parts[0]["defaults"]
+                parts.extend(json.load(f))
+    return parts
+
+
+def run_units(units: list, quick: bool) -> list:
+    """[(bed, steps, measurements)] for each (bed, [steps]) unit, in this process."""
+    return [(name, steps, measure_bed(name, steps, quick)) for name, steps in units]
 
 
 def main() -> int:
-    import tempfile
-
     from devtools import testbed
-    from bench.quality_runs import BedRuns
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bed", nargs="+", choices=list(testbed.BEDS), help="beds (default: all)")
     parser.add_argument("--steps", type=int, nargs="+", choices=list(RUNS), help="step counts (default: all)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: a quick bed, a few points, 4 and 20 steps")
-    parser.add_argument("--out", default=None, help="result name (default quality, or quality_quick)")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="processes of one thread each, the step counts shared out (40 steps alone)")
-    parser.add_argument("--part", help=argparse.SUPPRESS)  # a child of --jobs: write its step counts here
-    parser.add_argument("--budgets", action="store_true",
-                        help="measure the error budgets again (--steps) into the last result, the rest kept")
-    parser.add_argument("--render", action="store_true",
-                        help="write the last result again with the node's current defaults (no runs)")
+    parser.add_argument("--jobs", type=int, default=2, help="processes of one thread each")
+    parser.add_argument("--choose", action="store_true",
+                        help="print the constants the tuning bed's last results choose, beside the pack's")
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # a child of --jobs: write its units here
+    parser.add_argument("--units", help=argparse.SUPPRESS)
+    add_output_arguments(parser, "a smoke test on a quick bed: a few points at 20 steps (quality_quick*)")
     args = parser.parse_args()
-    if args.render:
-        render(args.out or ("quality_quick" if args.quick else "quality"))
-        return 0
-    if args.budgets:
-        remeasure_budgets(args)
-        return 0
     torch.set_num_threads(1)
-    started = time.perf_counter()
-    config = testbed.QUICK if args.quick else testbed.BedConfig()
-    folder = testbed.bed_folder(testbed.script_key() + ("-quick" if args.quick else ""))
-    bed = testbed.build(config, folder=folder)  # once per machine: from the cache after the first time
-    step_counts = args.steps or ([4, 20] if args.quick else list(RUNS))
     logging.getLogger().setLevel(logging.WARNING)
-    if args.jobs > 1 and len(step_counts) > 1 and not args.part:
-        results, defaults = in_parts(step_counts, args)
-    else:
-        runs = BedRuns(tempfile.mkdtemp(prefix="wan22-quality-"), bed)
-        counter, methods = BlockCounter(runs.models), Methods(runs.comfy)
-        defaults = runs.comfy.pack("nodes.core.cache").CachePlan().node_inputs()
-        runs.run({**LORA_RUN, "steps": 4}, 1, 0)  # untimed: first calls
-        results = []
-        for steps in step_counts:
-            begun = time.perf_counter()
-            results.append(measure_steps(runs, counter, methods, defaults, steps, args.quick, print))
-            print(f"[quality] {steps} steps in {time.perf_counter() - begun:.0f} s", flush=True)
-        if args.part:
-            with open(args.part, "w", encoding="utf-8") as f:
-                json.dump({"step_counts": results, "defaults": defaults}, f, default=str)
-            return 0
-    bed_summary = {k: bed.log[k] for k in ("key", "config", "training_wall_s", "sha256", "generation")}
-    bed_summary["losses"] = {role: {k: t[k] for k in ("first_validation", "best_validation", "best_step", "steps",
-                                                       "stopped", "seconds")}
-                             for role, t in bed.log["training"].items()}
-    run_config = {"cases": CASES, "calibration": CALIBRATION, "quick": args.quick, "threads": 1,
-                  "wall_s": round(time.perf_counter() - started, 1), "torch": torch.__version__,
-                  "machine": platform.machine(), "cpu_count": os.cpu_count(), "defaults": defaults}
-    write(args.out or ("quality_quick" if args.quick else "quality"),
-          {"config": run_config, "bed": bed_summary, "step_counts": results})
+    if args.choose:
+        with open(os.path.join(args.results_dir, "quality_tuning.json"), encoding="utf-8") as f:
+            print(json.dumps({"chosen": choose(json.load(f)), "pack": pack_constants()}, indent=1))
+        return 0
+    if args.part:
+        with open(args.part, "w", encoding="utf-8") as f:
+            json.dump(run_units(json.loads(args.units), args.quick), f, default=str)
+        return 0
+    started = time.perf_counter()
+    names = ["quick"] if args.quick else (args.bed or list(testbed.BEDS))
+    for name in names:
+        testbed.build(name)  # each bed once per machine, before the measuring processes start
+    units = []
+    for name in names:
+        steps = args.steps or ([20] if args.quick else
+                               [*MAIN_STEPS, *(FEW_STEPS if name == testbed.TUNING else ())])
+        units += [(name, [s]) for s in steps]
+    units.sort(key=lambda u: -u[1][0] * testbed.config_of(u[0]).num_layers * math.prod(testbed.config_of(u[0]).measured))  # noqa: E501
+    measured = in_parts(units, args) if args.jobs > 1 and len(units) > 1 else run_units(units, args.quick)
+    beds = {}
+    for name in names:
+        bed = testbed.build(name)
+        parts = [m for n, _s, m in measured if n == name]
+        step_counts = sorted((r for m in parts for r in m["step_counts"]), key=lambda r: r["steps"])
+        result = {"bed": bed_summary(bed), "step_counts": step_counts,
+                  "single_steps": [t for m in parts for t in m.get("single_steps", [])],
+                  "state": next((m["state"] for m in parts if m.get("state")), None),
+                  "config": {"cases": CASES, "calibration": CALIBRATION, "quick": args.quick, "threads": 1,
+                             "torch": torch.__version__, "machine": platform.machine(),
+                             "cpu_count": os.cpu_count()}}
+        if name == testbed.TUNING and result["single_steps"] and all(
+                any(r["steps"] == s for r in step_counts) for s in MAIN_STEPS):
+            result["choice"] = choose(result)
+        beds[name] = result
+        write_bed(f"quality_{name}", result, args.results_dir)
+    summary = "quality_summary_quick" if args.quick else "quality"  # the quick bed's own files are quality_quick
+    write_summary(beds, args.results_dir, summary)
+    if args.quick:
+        print(QUICK_NOTE)
     print(f"[quality] {time.perf_counter() - started:.0f} s")
     return 0
 
 
 if __name__ == "__main__":
-    if ROOT not in __import__("sys").path:
-        __import__("sys").path.insert(0, ROOT)
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
     raise SystemExit(main())

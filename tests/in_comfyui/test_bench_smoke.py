@@ -1,13 +1,13 @@
 """Every benchmark of `make bench` run in its quick mode, as a command, so that a change that breaks one fails
 the suite instead of `make bench`: each exits 0 and writes its *_quick results, holding what the full run
 writes, into a temporary folder (never over bench/results). Counts a benchmark cannot use are refused by
-name before anything starts. bench/quality.py's quick mode is tested with it elsewhere; bench/gpu.py by
-test_gpu_bench.py.
+name before anything starts. bench/gpu.py is tested by test_gpu_bench.py.
 
 Seconds each, measured 2026-12-05 on two CPU cores that two other processes kept busy (expect less on idle
 cores): bench.run 14, bench.endurance 46 (a server starts), bench.few_steps 15, bench.compile 50 (inductor
-compiles the whole model once), bench.parallel 36 (two Ray workers start); the refusals well under a second
-all together (argparse, in this process).
+compiles the whole model once), bench.parallel 36 (two Ray workers start); bench.quality about 75 on idle cores
+(its quick bed: 2 layers, 6 optimiser steps, into a temporary cache: no measuring bed is trained); the refusals
+well under a second all together (argparse, in this process).
 """
 
 import json
@@ -89,6 +89,22 @@ def test_bench_parallel_quick(tmp_path):
         if "cache on" in name:
             assert row["cached_steps"]["high"] or row["cached_steps"]["low"], name
     assert "holds" not in (tmp_path / "parallel_quick.md").read_text()  # a smoke test judges no target
+
+
+def test_bench_quality_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path / "beds"))
+    quick("bench.quality", tmp_path / "results", "--jobs", "1")
+    results = written(tmp_path / "results", "quality_quick.json")
+    assert results["bed"]["name"] == "quick" and results["config"]["quick"]
+    [run] = results["step_counts"]
+    assert run["steps"] == 20
+    methods = {row["method"] for row in run["points"]}
+    assert {"ours_error", "ours_threshold", "defaults", "easycache", "lazycache", "budget"} <= methods
+    refused = [row for row in run["points"] if row["method"] == "budget" and "refused" in row]
+    assert refused and all(row["refused_input"] == "error_budget" for row in refused)
+    assert all(row["block_cost"]["median"] > 0 for row in run["points"] if "refused" not in row)
+    for name in ("quality_quick.md", "quality_quick.png", "quality_summary_quick.md"):
+        assert (tmp_path / "results" / name).exists(), name
 
 
 @pytest.mark.parametrize("module, args, option", [
