@@ -19,6 +19,16 @@ QUICK_NOTE = ("A smoke test of the script (--quick): a tiny model and one round;
               "target is judged. ")
 
 
+def random_weights_plan(cache, threshold: float, warmups: tuple[int, int] = (4, 2), **changes):
+    """The cache plan the random-weight benchmarks time: the threshold criterion at `threshold` (random experts'
+    residuals move so much from step to step that the error criterion, the node's default, caches nothing on
+    them; what is timed is the cache's speed, not its quality), the saved workflows' warm-ups (high, low) unless
+    given, the rest at the node's defaults. `cache` is the pack's nodes.core.cache."""
+    return cache.CachePlan(criterion="threshold", residual_diff_threshold=threshold,
+                           high=cache.ExpertCacheSettings(warmups[0], -1),
+                           low=cache.ExpertCacheSettings(warmups[1], 20), **changes)
+
+
 def at_least(minimum: int):
     """An argparse type: an integer of at least `minimum`. argparse names the option in the error it prints
     (`argument --repeats: 0: must be at least 1`), where a count the benchmark cannot use would crash later."""

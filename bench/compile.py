@@ -29,7 +29,8 @@ import platform
 import tempfile
 import time
 
-from bench.common import Runs, Timer, cache_columns, interleaved, repeats_main, round_speedups, tiny_experts
+from bench.common import (Runs, Timer, cache_columns, interleaved, random_weights_plan, repeats_main, round_speedups,
+                          tiny_experts)
 from bench.run import CACHE_THRESHOLD, QUICK_EXPERT, QUICK_LATENT, RUN, SPEED_EXPERT, SPEED_LATENT, rel_l2
 
 QUICK_EXPERT = {**QUICK_EXPERT, "num_layers": 2}  # the quick run is mostly compiling: the fewer blocks, the sooner
@@ -56,7 +57,7 @@ def measure(repeats: int, quick: bool) -> dict:
         harness, loaded = tiny_experts(base, expert)
         import torch._dynamo
 
-        plan = harness.pack("nodes.core.cache").CachePlan(residual_diff_threshold=CACHE_THRESHOLD)
+        plan = random_weights_plan(harness.pack("nodes.core.cache"), CACHE_THRESHOLD)
         import torch._inductor.config
 
         torch._dynamo.config.cache_size_limit = 64  # as KJNodes' node sets it: one graph per block and path

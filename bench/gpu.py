@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from bench.common import ROOT, Runs, Timer, at_least, cache_columns, interleaved, round_speedups
+from bench.common import ROOT, Runs, Timer, at_least, cache_columns, interleaved, random_weights_plan, round_speedups
 from bench.run import psnr_db, rel_l2
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -100,7 +100,7 @@ def gpu_runs(base: str, shape: dict, device: str, dtype: torch.dtype, cfg: tuple
     runs = Runs(harness, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=shape["steps"],
                 flow_shift=RUN["flow_shift"], seed=RUN["seed"], cfg={"high": cfg[0], "low": cfg[1]},
                 latent_shape=shape["latent"])
-    return runs, mm.get_torch_device(), harness.pack("nodes.core.cache").CachePlan(residual_diff_threshold=threshold)
+    return runs, mm.get_torch_device(), random_weights_plan(harness.pack("nodes.core.cache"), threshold)
 
 
 def peak_memory_gb(device: torch.device) -> float | None:

@@ -26,7 +26,8 @@ import tempfile
 
 import torch
 
-from bench.common import Runs, Timer, cache_columns, interleaved, repeats_main, round_speedups, tiny_experts
+from bench.common import (Runs, Timer, cache_columns, interleaved, random_weights_plan, repeats_main, round_speedups,
+                          tiny_experts)
 from bench.run import rel_l2
 
 EXPERT = {"dim": 256, "ffn_dim": 512, "num_layers": 4}
@@ -57,8 +58,7 @@ def measure(repeats: int, quick: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="wan22-bench-parallel-") as base:
         harness, models = tiny_experts(base, expert)
         core_cache, core_parallel = harness.pack("nodes.core.cache"), harness.pack("nodes.core.parallel")
-        warm = core_cache.ExpertCacheSettings(warmup_steps=1, max_cached_steps=-1)
-        cache = core_cache.CachePlan(residual_diff_threshold=CACHE_THRESHOLD, high=warm, low=warm)
+        cache = random_weights_plan(core_cache, CACHE_THRESHOLD, warmups=(1, 1))
         plan = core_parallel.make_plan(workers=2, devices="cpu, cpu", ulysses_degree=2, cpu_threads=1, gpus=0,
                                        cpus=os.cpu_count() or 1, split="auto")
         runs = Runs(harness, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=RUN["steps"],

@@ -11,12 +11,13 @@ on the same experts, loaded once by ComfyUI's own loader, from the same noise an
 - ours: our schedule and two-stage sampler, without a cache (must be the native latent, bit for bit), with
   Cache-DiT at CACHE_THRESHOLD (0.24) and the node's other defaults, and the same with TaylorSeer.
 
-The weights are random, and random experts do not denoise: at the Cache-DiT node's default threshold (0.05,
-chosen on the trained test bed) their residuals change too much between steps for any step to be cached, so
-the cached rows would time the hooks only. They run at 0.24 instead, where these experts cache every step the
-plan's caps allow (measured, see CACHE_THRESHOLD). That threshold says nothing of quality, nor do the error
+The weights are random, and random experts do not denoise: with the Cache-DiT node's default (the error
+criterion) or at the threshold 0.05, their residuals change too much between steps for any step to be cached,
+so the cached rows would time the hooks only. They run with the threshold criterion at 0.24 instead
+(bench.common.random_weights_plan, with the saved workflows' warm-ups 4 / 2), where these experts cache every
+step the plan's caps allow (measured, see CACHE_THRESHOLD). That threshold says nothing of quality, nor do the error
 columns: they say how far caching moves this run, not how a real video looks (bench/quality.py measures
-quality, on the trained test bed). Each target says what it can show here:
+quality, on the trained test beds). Each target says what it can show here:
 
 - ours without cache / native (wall) <= 1.02: the pack's sampler costs no more than ComfyUI's own graph;
 - max abs difference to native with the cache off == 0: the pack's sampler is the native graph, bit for bit;
@@ -47,7 +48,7 @@ import tempfile
 import torch
 
 from bench.common import (QUICK_NOTE, Runs, Timer, add_output_arguments, at_least, cache_columns, interleaved,
-                          round_speedups)
+                          random_weights_plan, round_speedups)
 from bench.common import RESULTS  # noqa: F401 (bench/quality.py imports it from here)
 
 # The real experts' depth (40 blocks), so that the blocks, which the cache skips, take the share of a forward
@@ -121,15 +122,15 @@ def measure(device: str, repeats: int, quick: bool = False) -> dict:
     expert, latent = (QUICK_EXPERT, QUICK_LATENT) if quick else (SPEED_EXPERT, SPEED_LATENT)
     with tempfile.TemporaryDirectory(prefix="wan22-bench-") as base:
         bench = Bench(base, device, expert, latent)
-        plan = bench.cache.CachePlan(residual_diff_threshold=CACHE_THRESHOLD)  # not the node's default: see above
+        plan = random_weights_plan(bench.cache, CACHE_THRESHOLD)  # not the node's default: see above
         runs = bench.runs
         variants = {
             "native": runs.native(),
             "native_easycache": runs.native(easycache=True),
             "ours": runs.ours("ours"),
             "ours_cachedit": runs.ours("ours_cachedit", plan),
-            "ours_taylorseer": runs.ours("ours_taylorseer", plan.__class__(residual_diff_threshold=CACHE_THRESHOLD,
-                                                                          calibrator="taylorseer")),
+            "ours_taylorseer": runs.ours("ours_taylorseer", random_weights_plan(bench.cache, CACHE_THRESHOLD,
+                                                                                calibrator="taylorseer")),
         }
         timed = interleaved(Timer(torch.device(device)), variants, repeats)
         records = runs.records

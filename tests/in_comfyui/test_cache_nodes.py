@@ -176,7 +176,8 @@ def test_the_report_shows_per_expert_what_cache_dit_did_and_with_what_settings(c
         stats = report["cache"][role]
         # cond and uncond batched in one call, as ComfyUI runs them when memory allows: one step per call
         assert stats["cfg_batching"] == "batched" and stats["pass_order"] == ["negative", "positive"]  # as batched
-        plan = C.CachePlan(residual_diff_threshold=RANDOM_WEIGHTS_THRESHOLD)
+        plan = C.CachePlan(criterion="threshold", residual_diff_threshold=RANDOM_WEIGHTS_THRESHOLD,
+                           high=C.ExpertCacheSettings(4, -1), low=C.ExpertCacheSettings(2, 20))  # the prompt's
         assert stats["config"] == cache_dit_backend.describe(plan, role, False)
         assert stats["evaluations"] == n and stats["block_forwards_without_cache"] == n * 4  # 4 blocks per call
         assert set(stats["residual_diffs"]) and stats["threshold"] == 0.24

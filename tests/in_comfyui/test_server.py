@@ -29,8 +29,10 @@ def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(tiny_m
                                                                                       "low_noise_model": "MODEL"}
     assert bridge["output"] == ["WAN22_EXPERTS"]
     cache = info["Wan22CacheDiT"]["input"]
-    assert list(cache["optional"]) == ["calibrator"] and cache["optional"]["calibrator"][1]["options"] == ["none",
-                                                                                                       "taylorseer"]
+    assert list(cache["optional"]) == ["calibrator", "criterion", "error_target"]  # added after the existing inputs
+    assert cache["optional"]["calibrator"][1]["options"] == ["none", "taylorseer"]
+    assert cache["optional"]["criterion"][1]["options"] == ["error", "threshold"]
+    assert cache["optional"]["criterion"][1]["default"] == "error"
 
 
 def test_a_queued_prompt_runs_and_its_history_carries_the_split(tiny_models_server, tiny_models):
