@@ -64,9 +64,9 @@ def criterion_inputs() -> list:
                        optional=True,
                        tooltip="With criterion error: the change the cache may make to the run's final latent, "
                                "estimated (relative L2 against the uncached run; 0.01 is hard to see, 0.05 a small "
-                               "change; 0 caches nothing). Half of it goes to each expert's stage (as independent "
-                               "errors add). It is an estimate: to hold a measured budget on your model, use the "
-                               "Wan2.2 Cache-DiT Error Budget node."),
+                               "change; 0 caches nothing). The experts share it as independent errors add: each "
+                               "expert's stage gets 1/sqrt(2) of it. It is an estimate: to hold a measured budget on "
+                               "your model, use the Wan2.2 Cache-DiT Error Budget node."),
     ]
 
 

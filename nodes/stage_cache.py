@@ -165,6 +165,7 @@ class StageCache:
         self.outcome = None  # what the cache did, once the stage has run
         self.held = None  # the tensors it held at the stage's end: {"bytes", "devices"}
         self.allowance = None  # the error criterion's share of the target, while the stage is cached by it
+        self.sigmas_of, self.sigmas = None, ()  # the sampling's sigmas tensor, and it as floats (read once)
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
@@ -290,10 +291,18 @@ class StageCache:
                                                    "batches the prompts by free memory, which changed)")
         calls.append(order)
         if self.allowance is not None:  # the call's sigma, and the sampling's, as ComfyUI's sampling marks them
-            sigmas = options.get("sample_sigmas")
             self.allowance.at(float(options["sigmas"].reshape(-1)[0]),
-                              () if sigmas is None else tuple(float(s) for s in sigmas))
+                              self.sampling_sigmas(options.get("sample_sigmas")))
         return executor(*args, **kwargs)
+
+    def sampling_sigmas(self, sigmas) -> tuple[float, ...]:
+        """The sampling's sigmas as floats: read from the tensor once per sampling (one device read), not on every
+        transformer call."""
+        if sigmas is None:
+            return ()
+        if sigmas is not self.sigmas_of:
+            self.sigmas_of, self.sigmas = sigmas, tuple(sigmas.reshape(-1).tolist())
+        return self.sigmas
 
     def decide_batching(self, order: tuple[int, ...]) -> None:
         if set(order) == set(self.prompts):
