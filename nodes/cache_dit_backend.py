@@ -131,25 +131,36 @@ def _contexts(diffusion_model) -> list:
     return [manager.get_context(name) for name in getattr(diffusion_model, "_context_names", ())]
 
 
+def _wrap_similarity(diffusion_model, wrap):
+    """cache-dit's `similarity` on the model's manager replaced by `wrap(what it was)` until the returned function
+    is called, which puts back exactly what it replaced (another wrapper installed before it included); nothing
+    on a model that is not cached. Wrappers are taken off in the reverse order of their installing."""
+    manager = _manager(diffusion_model)
+    if manager is None or not is_cached(diffusion_model):
+        return lambda: None
+    had, before = "similarity" in vars(manager), vars(manager).get("similarity")
+    wrapper = manager.similarity = wrap(manager.similarity)
+
+    def undo():
+        if vars(manager).get("similarity") is wrapper:
+            if had:
+                manager.similarity = before
+            else:
+                del manager.similarity
+    return undo
+
+
 def weigh_statistic(diffusion_model, weight: float):
     """Until the returned function is called, the model's cache weighs this worker's residual statistic by
     `weight` (core.parallel.statistic_weight): cache-dit averages each worker's mean difference and mean
     magnitude over the workers, which is the whole sequence's mean only for equal shards. Both means scale with
     the residuals, so the residuals it compares are scaled by the weight (their ratio, the statistic, is then
     the whole sequence's). Nothing is weighed on a model that is not cached."""
-    manager = _manager(diffusion_model)
-    if manager is None or not is_cached(diffusion_model):
-        return lambda: None
-    original = manager.similarity
-
-    def similarity(t1, t2, **kwargs):
-        return original(t1 * weight, t2 * weight, **kwargs)
-    manager.similarity = similarity
-
-    def unweigh():
-        if vars(manager).get("similarity") is similarity:
-            del manager.similarity
-    return unweigh
+    def wrap(original):
+        def similarity(t1, t2, **kwargs):
+            return original(t1 * weight, t2 * weight, **kwargs)
+        return similarity
+    return _wrap_similarity(diffusion_model, wrap)
 
 
 def decide_by(diffusion_model, choose, seen):
@@ -160,25 +171,19 @@ def decide_by(diffusion_model, choose, seen):
     cache-dit's similarity records the change it compared and decides `diff < threshold`; a threshold of 0
     computes the step without comparing."""
     manager = _manager(diffusion_model)
-    if manager is None or not is_cached(diffusion_model):
-        return lambda: None
-    original = manager.similarity
 
-    def similarity(t1, t2, *, threshold, **kwargs):
-        chosen = choose()
-        cached = original(t1, t2, threshold=chosen, **kwargs)
-        if chosen > 0:
-            separate = manager.is_separate_cfg_step()
-            diff = (manager.get_current_step_cfg_residual_diff() if separate
-                    else manager.get_current_step_residual_diff())
-            seen(float(diff or 0.0), bool(cached))
-        return cached
-    manager.similarity = similarity
-
-    def undecide():
-        if vars(manager).get("similarity") is similarity:
-            del manager.similarity
-    return undecide
+    def wrap(original):
+        def similarity(t1, t2, *, threshold, **kwargs):
+            chosen = choose()
+            cached = original(t1, t2, threshold=chosen, **kwargs)
+            if chosen > 0:
+                separate = manager.is_separate_cfg_step()
+                diff = (manager.get_current_step_cfg_residual_diff() if separate
+                        else manager.get_current_step_residual_diff())
+                seen(float(diff or 0.0), bool(cached))
+            return cached
+        return similarity
+    return _wrap_similarity(diffusion_model, wrap)
 
 
 def contexts(diffusion_model) -> list[dict]:

@@ -119,3 +119,32 @@ def test_a_budgets_plan_is_the_plan_with_the_error_criterion_at_its_target():
     plan = C.CachePlan(criterion="threshold", first_compute_blocks=2).with_error_target(0.013, 0.03)
     assert (plan.criterion, plan.error_target, plan.error_budget, plan.first_compute_blocks) == \
         ("error", 0.013, 0.03, 2)
+
+
+def test_wrappers_on_cache_dits_similarity_come_off_in_turn_each_putting_back_what_it_wrapped(monkeypatch):
+    """The parallel plan's weighing and the error criterion's decisions both wrap cache-dit's `similarity`; taking
+    the criterion's off leaves the weighing on, taking that off leaves cache-dit's own."""
+    class Manager:
+        def similarity(self, t1, t2, *, threshold):
+            self.compared.append((t1, t2, threshold))
+            return t1 < threshold
+
+        def is_separate_cfg_step(self):
+            return False
+
+        def get_current_step_residual_diff(self):
+            return 0.5
+
+    manager, model, heard = Manager(), type("Model", (), {})(), []
+    manager.compared, model._context_manager = [], manager
+    monkeypatch.setattr(backend, "is_cached", lambda m: m is model)
+    unweigh = backend.weigh_statistic(model, 2.0)
+    undecide = backend.decide_by(model, lambda: 0.25, lambda diff, cached: heard.append((diff, cached)))
+    assert manager.similarity(1.0, 3.0, threshold=9.0) is False
+    assert manager.compared[-1] == (2.0, 6.0, 0.25) and heard == [(0.5, False)]
+    undecide()
+    assert manager.similarity(1.0, 3.0, threshold=9.0) is True and manager.compared[-1] == (2.0, 6.0, 9.0)
+    unweigh()
+    assert "similarity" not in vars(manager) and manager.similarity(1.0, 3.0, threshold=9.0) is True
+    assert manager.compared[-1] == (1.0, 3.0, 9.0) and len(heard) == 1
+    assert backend.decide_by(type("Model", (), {})(), None, None)() is None  # not cached: nothing wrapped
