@@ -13,15 +13,11 @@ from comfy_api.latest import io
 
 from .core import budget as core_budget
 from .core import sampler_inputs
-from .core.cache import CachePlan
-from .sampler_nodes import run
+from .core.cache import CachePlan, uncached_block_forwards
+from .dispatch import run
 from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
 
 SAVED_CALIBRATION_SIZE = 1.0  # what a budget node saved before calibration_size calibrates at
-
-
-def relative_l2(reference, other) -> float:
-    return float((other.float() - reference.float()).norm() / reference.float().norm().clamp(min=1e-12))
 
 
 def smaller(latent: dict, size: float) -> dict:
@@ -67,7 +63,7 @@ class Runs:
         work = 0.0
         if key not in self.references:
             out, record = self.references[key] = self.sample(latent, None)
-            blocks = sum(record.calls.values()) * self.experts.architecture.num_layers
+            blocks = uncached_block_forwards(sum(record.calls.values()), self.experts.architecture.num_layers)
             self.unit = self.unit or blocks * self.full_area
             work += self.work(blocks, latent)
         reference = self.references[key][0]["samples"]
@@ -75,7 +71,7 @@ class Runs:
         stages = record.cache.values()
         smallest = [s["smallest_step_estimate"] for s in stages if s.get("smallest_step_estimate") is not None]
         return core_budget.Trial(
-            target=target, error=relative_l2(reference, out["samples"]),
+            target=target, error=core_budget.relative_l2(reference, out["samples"]),
             estimate=math.sqrt(sum(s.get("estimated_error", 0.0) ** 2 for s in stages)),
             cached=sum(len(s["cached_steps"]) + len(s["cfg_cached_steps"]) for s in stages),
             smallest=min(smallest) if smallest else None,

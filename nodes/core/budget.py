@@ -68,6 +68,12 @@ class Calibration:
                 f"work about {self.work:.1f} full runs")
 
 
+def relative_l2(reference, other) -> float:
+    """The error a budget bounds (and every quality figure of the pack): the L2 norm of the difference of two
+    final latents (tensors) over the reference's."""
+    return float((other.float() - reference.float()).norm() / reference.float().norm().clamp(min=1e-12))
+
+
 def check_budget(budget: float) -> float:
     if not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 <= budget <= MAX_BUDGET):
         raise Wan22InputError("error_budget", f"{budget!r} must be between 0 (cache nothing) and {MAX_BUDGET:g} "

@@ -245,6 +245,11 @@ def skip_note(plan: CachePlan, role: str, evaluations: int) -> str:
     return f"the cache can skip at most {could} of the {ROLE_WORDS[role]} expert's {evaluations} steps"
 
 
+def uncached_block_forwards(calls: int, layers: int) -> int:
+    """The block forwards of `calls` transformer calls without the cache: every block of every call."""
+    return calls * layers
+
+
 def statistics(plan: CachePlan, role: str, seen: StageSeen, outcome: dict, layers: int,
                estimate: dict | None = None) -> dict:
     """One cached stage's entry in the report: what the cache did (`outcome`: the evaluations served from it,
@@ -261,7 +266,7 @@ def statistics(plan: CachePlan, role: str, seen: StageSeen, outcome: dict, layer
         "cfg_batching": seen.cfg_batching,
         "pass_order": list(seen.pass_order),
         "block_forwards": seen.block_forwards,
-        "block_forwards_without_cache": seen.calls * layers,
+        "block_forwards_without_cache": uncached_block_forwards(seen.calls, layers),
         **outcome,
         "threshold": plan.residual_diff_threshold if plan.criterion == "threshold" else None,
         "error_budget": plan.error_budget,

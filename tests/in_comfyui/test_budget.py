@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from wan22_cachedit.nodes.core.budget import relative_l2
+
 from .cache_state import leftovers
 from .prompts import (FINAL, diffusion_models, expert_files, failed_at_run, latent_of, loader, our_prompt, report_of,
                       run_ok, text_folder)
@@ -33,10 +35,6 @@ def budget_prompt(tiny, budget, calibration_seed=4, calibration_size=None, **run
 def uncached_latent(comfyui, tiny, **run):
     run_ok(comfyui, our_prompt(loader(*expert_files(tiny)), text_folder(tiny), **{**RUN, **run}))
     return latent_of(comfyui, FINAL["ours"])
-
-
-def relative_l2(reference, other):
-    return float((other - reference).norm() / reference.norm())
 
 
 def test_a_budget_of_zero_caches_nothing(comfyui, tiny_models):
