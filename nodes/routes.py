@@ -22,7 +22,7 @@ from server import PromptServer
 import execution
 import nodes as comfyui_nodes
 
-from . import schedule_nodes, sigmas
+from . import schedule_nodes
 from .core import schedule as core_schedule
 from .core.errors import Wan22InputError, cut
 from .core.experts import ExpertsPreview
@@ -120,14 +120,13 @@ def schedule_of(prompt: dict, node_id: str):
             raise Wan22InputError("schedule", "connect a Wan2.2 Boundary & Flow Shift node to see the split")
         schedule, known = main_schedule_of(prompt, upstream[0])
         lead_source = experts_source(prompt, node_id, passes_experts)
-        if lead_source is not None and not loaded_experts(prompt, lead_source).has_high:
-            raise Wan22InputError("experts", "the lead stage runs the high-noise expert, but these experts have none")
+        experts = None if lead_source is None else loaded_experts(prompt, lead_source)
         try:
             steps, start, cfg = (int(widget_value(inputs, "lead_steps")), int(widget_value(inputs, "start_step")),
                                  float(widget_value(inputs, "cfg")))
         except (TypeError, ValueError):
             raise Wan22InputError("lead_steps", "lead_steps, start_step and cfg must be numbers") from None
-        return schedule_nodes.lead_schedule(schedule, None, steps, start, cfg), known
+        return schedule_nodes.Wan22LeadStage.preview(schedule, experts, steps, start, cfg), known
     if kind != "Wan22Schedule":
         raise Wan22InputError("nodes", f"{cut(repr(node_id))} is not a Wan2.2 Boundary & Flow Shift or Lead Stage "
                                        "node of the prompt")
@@ -143,15 +142,12 @@ def main_schedule_of(prompt: dict, node_id: str):
     values = {name: widget_value(inputs, name) for name in SCHEDULE_INPUTS}
     boundary = {"boundary": widget_value(inputs, "boundary"),
                 "boundary_ratio": widget_value(inputs, "boundary.boundary_ratio")}
-    custom = core_schedule.custom_boundary(boundary, widget_value(inputs, "boundary_ratio"))
     try:
         steps, flow_shift = int(values["steps"]), float(values["flow_shift"])
     except (TypeError, ValueError):
         raise Wan22InputError("steps", "steps and flow_shift must be numbers") from None
-    schedule = sigmas.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
-                                     model_default=experts.default_boundary, sampler=values["sampler"],
-                                     scheduler=values["scheduler"] or core_schedule.DEFAULT_SCHEDULER, steps=steps,
-                                     flow_shift=flow_shift, custom_ratio=custom)
+    schedule = schedule_nodes.Wan22Schedule.preview(experts, values["sampler"], steps, flow_shift, boundary,
+                                                    values["scheduler"], widget_value(inputs, "boundary_ratio"))
     return schedule, experts.boundary_known
 
 

@@ -89,14 +89,22 @@ class Wan22Schedule(io.ComfyNode):
         return True
 
     @classmethod
+    def preview(cls, experts, sampler, steps, flow_shift, boundary=None, scheduler=core.DEFAULT_SCHEDULER,
+                boundary_ratio=None, **_unknown):
+        """The schedule these inputs make for `experts` (the handle, or a loader's preview of it): what the node
+        runs, and what the canvas's live split shows before anything loads."""
+        # ComfyUI's own range checks refuse widget values at queue time; this also covers linked values.
+        custom = core.custom_boundary(boundary, boundary_ratio)
+        return sigmas.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
+                                     model_default=experts.default_boundary, sampler=sampler,
+                                     scheduler=scheduler or core.DEFAULT_SCHEDULER, steps=steps,
+                                     flow_shift=flow_shift, custom_ratio=custom)
+
+    @classmethod
     def execute(cls, experts, sampler, steps, flow_shift, boundary=None, scheduler=core.DEFAULT_SCHEDULER,
                 boundary_ratio=None, **_unknown) -> io.NodeOutput:
         linked_given(experts=experts)
-        # ComfyUI's own range checks refuse widget values at queue time; this also covers linked values.
-        custom = core.custom_boundary(boundary, boundary_ratio)
-        schedule = sigmas.build_schedule(has_high=experts.has_high, has_low=experts.has_low,
-                                         model_default=experts.default_boundary, sampler=sampler, scheduler=scheduler,
-                                         steps=steps, flow_shift=flow_shift, custom_ratio=custom)
+        schedule = cls.preview(experts, sampler, steps, flow_shift, boundary, scheduler, boundary_ratio)
         ui = {"text": [schedule.summary()], "split": [split_ui(schedule)]}
         return io.NodeOutput(ScheduleHandle(schedule), schedule.high_steps, schedule.low_steps,
                              torch.tensor(schedule.stage_sigmas("high")), torch.tensor(schedule.stage_sigmas("low")),
@@ -111,9 +119,10 @@ def lead_schedule(schedule, experts, lead_steps: int, start_step: int, cfg: floa
     and for the canvas's live split."""
     def lead_sigmas():
         return sigmas.run_sigmas(schedule.sampler, schedule.scheduler, lead_steps, schedule.flow_shift).tolist()
+    handle = getattr(experts, "sources", None) is not None  # a loader's preview names no file yet
     return core.add_lead(schedule, lead_sigmas=lead_sigmas, steps=lead_steps, start_step=start_step, cfg=cfg,
-                         source=experts.sources[0] if experts is not None else "MODEL",
-                         architecture=experts.architecture if experts is not None else None)
+                         source=experts.sources[0] if handle else "MODEL",
+                         architecture=experts.architecture if handle else None)
 
 
 def split_ui(schedule) -> dict:
@@ -169,12 +178,18 @@ class Wan22LeadStage(io.ComfyNode):
         return linked_only(schedule=schedule, experts=experts)
 
     @classmethod
-    def execute(cls, schedule, experts, lead_steps, start_step, cfg) -> io.NodeOutput:
-        linked_given(schedule=schedule, experts=experts)
-        if not experts.has_high:
+    def preview(cls, schedule, experts, lead_steps, start_step, cfg):
+        """The schedule with this lead (`schedule`: core's; `experts`: the handle, a loader's preview of it, or
+        None where the canvas cannot tell): what the node runs, and what the canvas's live split shows."""
+        if experts is not None and not experts.has_high:
             raise Wan22InputError("experts", "the lead stage runs the high-noise expert, but these experts have "
                                              "none: connect experts with a high-noise expert")
-        led = lead_schedule(schedule.schedule, experts, lead_steps, start_step, cfg)
+        return lead_schedule(schedule, experts, lead_steps, start_step, cfg)
+
+    @classmethod
+    def execute(cls, schedule, experts, lead_steps, start_step, cfg) -> io.NodeOutput:
+        linked_given(schedule=schedule, experts=experts)
+        led = cls.preview(schedule.schedule, experts, lead_steps, start_step, cfg)
         ui = {"text": [led.summary()], "split": [split_ui(led)]}
         return io.NodeOutput(ScheduleHandle(led, lead_model=experts.high),
                              *(torch.tensor(led.stage_sigmas(stage)) for stage in core.STAGES), ui=ui)
