@@ -209,7 +209,7 @@ class Runs:
         self.models, self.steps, self.seed, self.cfg = models, steps, seed, cfg
         self.sampler, self.scheduler, self.flow_shift = sampler, scheduler, flow_shift
         self.engine = comfy.pack("nodes.engine")
-        self.sampling = comfy.pack("nodes.sampler_nodes")  # its run: one process, or the parallel plan's workers
+        self.sampling = comfy.pack("nodes.dispatch")  # its run: one process, or the parallel plan's workers
         self.experts = comfy.pack("nodes.expert_models").experts_handle(models)
         self.schedule = comfy.pack("nodes.sigmas").build_schedule(
             has_high=True, has_low=True, model_default=self.experts.default_boundary, sampler=sampler,

@@ -105,12 +105,12 @@ def run_stage(stage: Stage, sampler: str, scheduler: str, positive, negative, la
 def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, seed: int,
            cfg: dict[str, float], attach=None, lead_model=None) -> tuple[dict, RunRecord]:
     """Runs the stages through ComfyUI's sampling in this process; returns the LATENT (a new dict) and what the
-    run did. A run with a parallel plan goes to the plan's workers instead (the sampler node chooses: `run` in
-    sampler_nodes), and each worker runs this function on its share; `attach` (a worker's) adds its wrappers to
-    each stage's clone; `lead_model`: the MODEL of the schedule's lead stage, if it has one."""
+    run did. A run with a parallel plan goes to the plan's workers instead (`dispatch.run` chooses), and each
+    worker runs this function on its share; `attach` (a worker's) adds its wrappers to each stage's clone;
+    `lead_model`: the MODEL of the schedule's lead stage, if it has one."""
     if experts.parallel_plan is not None:
         raise RuntimeError("engine.sample runs in this process: a run with a parallel plan goes through "
-                           "sampler_nodes.run, which hands it to the plan's workers")
+                           "dispatch.run, which hands it to the plan's workers")
     stages = plan_stages(experts, schedule, cfg, lead_model)
     plan = experts.cache_plan
     record = RunRecord(stages=tuple(stage.name for stage in stages))

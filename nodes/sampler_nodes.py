@@ -8,21 +8,9 @@ import json
 import torch
 from comfy_api.latest import io
 
-from . import engine
 from .core import report, sampler_inputs, timeline
-from .parallel import pool
-from .types import CATEGORY, ExpertsType, ScheduleHandle, ScheduleType, linked_given, linked_only
-
-
-def run(experts, handle: ScheduleHandle, positive, negative, latent: dict, seed: int, cfg: dict):
-    """The run in this process (engine.sample), or, with a parallel plan on the experts, on the plan's workers
-    (pool.sample_on_workers, each worker running engine.sample on its share): (LATENT, run record). The
-    stages are planned here first, so that what the run refuses is refused before any worker starts."""
-    schedule, lead_model = handle.schedule, handle.lead_model
-    if experts.parallel_plan is None:
-        return engine.sample(experts, schedule, positive, negative, latent, seed, cfg, lead_model=lead_model)
-    engine.plan_stages(experts, schedule, cfg, lead_model)
-    return pool.sample_on_workers(experts, schedule, lead_model, positive, negative, latent, seed, cfg)
+from .dispatch import run
+from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
 
 
 class Wan22TwoStageSampler(io.ComfyNode):
@@ -76,8 +64,6 @@ class Wan22TwoStageSampler(io.ComfyNode):
                      latent_image=latent_image)
         sampler_inputs.check_sampler_inputs(experts.architecture, positive, negative, latent_image)
         cfg = {"high": float(cfg_high), "low": float(cfg_low)}
-        if experts.parallel_plan is None:
-            pool.release()  # a run without the plan: the warm workers of an earlier one are not kept
         latent, record = run(experts, schedule, positive, negative, latent_image, seed, cfg)
         run_report = report.build_report(experts, schedule.schedule, record, seed=seed, cfg=cfg)
         picture = torch.from_numpy(timeline.render_timeline(schedule.schedule, record)).float().div(255.0).unsqueeze(0)

@@ -195,12 +195,12 @@ def imports_of(path: str) -> set[str]:
 
 
 def test_the_parallel_package_is_one_room_that_the_engine_never_enters():
-    """Only the sampler node (the choice between one process and the workers), the extension (its exit
+    """Only dispatch.py (the choice between one process and the workers), the extension (its exit
     handlers) and the plan's node import nodes/parallel/; the one-process engine, and everything else outside
     the package, never does, at the top or deferred. The package's worker imports the engine, so there is no
     cycle."""
     nodes_dir = os.path.join(ROOT, "nodes")
-    allowed = {"sampler_nodes.py", "extension.py", "parallel_nodes.py"}
+    allowed = {"dispatch.py", "extension.py", "parallel_nodes.py"}
     assert os.path.isfile(os.path.join(nodes_dir, "parallel", "__init__.py"))
     assert not [f for f in os.listdir(nodes_dir) if (f.startswith("parallel_") and f != "parallel_nodes.py")
                 or f == "sequence_parallel.py"], "the parallel code lives in nodes/parallel/"
