@@ -359,7 +359,7 @@ def test_a_prompt_saved_without_the_calibrator_input_still_runs(comfyui, tiny_mo
 
 def test_the_report_gives_the_memory_cache_dit_held_per_expert(comfyui, tiny_models):
     """Two hidden-state-sized tensors per prompt stream (the first blocks' output it compares and the rest's
-    residual it reuses) at F1 B0 without a calibrator; TaylorSeer holds more: what the README's sizes use."""
+    residual it reuses) at F1 B0 without a calibrator; TaylorSeer holds more: what docs/stack.md's sizes use."""
     run = dict(steps=12, seed=5, width=64, height=48, length=5)  # 2 latent frames of 6 x 8: 24 tokens
     tokens, width = 2 * (48 // 16) * (64 // 16), 128
     plain = report_of(run_ok(comfyui, cached_prompt(tiny_models, **run)))
