@@ -121,6 +121,24 @@ def test_seeds_a_b_a_on_warm_workers(comfyui, tiny_models, parallel_experts):
     assert comfyui.worker_pids() == pids  # the same warm workers served all three
 
 
+def test_a_budgets_calibration_without_the_plan_releases_the_warm_workers(comfyui, tiny_models, parallel_experts):
+    """Every node that runs stages runs them through one place (dispatch.run), with one release policy: after a
+    run with the plan, an Error Budget calibrating without one (a prompt with no sampler) leaves no worker."""
+    from .test_budget import budget_prompt
+
+    # A prompt no test ran, on the plan the test before leaves warm (and the test after releases first).
+    P.run_ok(comfyui, with_plan(two_heads(parallel_experts, tiny_models, seed=71)))
+    pids = comfyui.worker_pids()
+    assert len(pids) == 2
+    prompt, needed, todo = budget_prompt(tiny_models, 0.5, calibration_size=0.5), set(), ["22"]
+    while todo:  # the calibration's output and what it needs, nothing else (no sampler)
+        node = todo.pop()
+        needed.add(node)
+        todo += [v[0] for v in prompt[node]["inputs"].values() if isinstance(v, list) and v[0] not in needed]
+    P.run_ok(comfyui, {node: prompt[node] for node in needed})
+    assert "5" not in needed and comfyui.worker_pids() == [] and no_process_left(pids) == []
+
+
 def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_experts):
     """euler/simple, 40 steps, flow shift 5 then 12 on the same warm workers: every rank's contexts, read
     from cache-dit inside the worker while its stage ran, are one fresh context per stage, every rank has the
@@ -226,23 +244,6 @@ def test_no_worker_is_left_after_the_plan_is_removed_or_comfyui_unloads_models(c
     pids = comfyui.worker_pids()
     comfy.model_management.unload_all_models()  # what Unload Models and /free do
     assert comfyui.worker_pids() == [] and no_process_left(pids) == []
-
-
-def test_a_budgets_calibration_without_the_plan_releases_the_warm_workers(comfyui, tiny_models, parallel_experts):
-    """Every node that runs stages runs them through one place (dispatch.run), with one release policy: after a
-    run with the plan, an Error Budget calibrating without one (a prompt with no sampler) leaves no worker."""
-    from .test_budget import budget_prompt
-
-    P.run_ok(comfyui, with_plan(two_heads(parallel_experts, tiny_models, seed=71)))  # a prompt no test ran
-    pids = comfyui.worker_pids()
-    assert len(pids) == 2
-    prompt, needed, todo = budget_prompt(tiny_models, 0.5, calibration_size=0.5), set(), ["22"]
-    while todo:  # the calibration's output and what it needs, nothing else (no sampler)
-        node = todo.pop()
-        needed.add(node)
-        todo += [v[0] for v in prompt[node]["inputs"].values() if isinstance(v, list) and v[0] not in needed]
-    P.run_ok(comfyui, {node: prompt[node] for node in needed})
-    assert "5" not in needed and comfyui.worker_pids() == [] and no_process_left(pids) == []
 
 
 @pytest.mark.parametrize("plan, words", [
