@@ -88,7 +88,7 @@ def measure(repeats: int, quick: bool) -> dict:
         pids = harness.worker_pids()
         rss = {"driver": peak_rss_mb(), **{f"worker {i}": peak_rss_mb(pid) for i, pid in enumerate(pids)}}
         records = dict(runs.records)
-        harness.pack("nodes.parallel.pool").release()
+        harness.pack("nodes.parallel.registry").release()
     rows = {}
     for name, (out, seconds, all_seconds) in timed.items():
         reference = timed[name.replace("2 workers", "1 process")]

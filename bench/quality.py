@@ -534,7 +534,7 @@ def measure_bed(name: str, steps: list, quick: bool, log=print) -> dict:
     from devtools.bed_runs import BedRuns
 
     bed = testbed.build(name)  # once per machine: from the cache after the first time
-    runs = BedRuns(tempfile.mkdtemp(prefix="wan22-quality-"), bed)
+    runs = BedRuns(tempfile.mkdtemp(prefix="wan22-quality-"), bed, testbed.World(bed.config))
     counter, methods = BlockCounter(runs.models), Methods(runs.comfy)
     runs.run({**LORA_RUN, "steps": 4}, 1, 0)  # untimed: first calls
     out = {"step_counts": []}

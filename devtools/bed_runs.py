@@ -23,11 +23,10 @@ def harness(base: str):
 
 
 class BedRuns:
-    """The bed's experts (role -> MODEL, loaded once) and the runs a benchmark makes on them."""
+    """The bed's experts (role -> MODEL, loaded once) and the runs a benchmark makes on them; `world`, the bed's
+    data world (testbed.World, handed in: this module never imports the bed script), gives each class's prompt."""
 
-    def __init__(self, base: str, bed):
-        from devtools.testbed import World
-
+    def __init__(self, base: str, bed, world):
         self.bed = bed
         self.comfy = harness(base)
         import comfy.sd
@@ -36,7 +35,7 @@ class BedRuns:
         if key not in _HARNESS:
             _HARNESS[key] = {role: comfy.sd.load_diffusion_model(path) for role, path in bed.files.items()}
         self.models = _HARNESS[key]
-        self.world = World(bed.config)
+        self.world = world
         self.engine = self.comfy.pack("nodes.engine")
         self.experts = self.comfy.pack("nodes.expert_models").experts_handle(self.models)
 

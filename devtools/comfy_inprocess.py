@@ -81,9 +81,9 @@ class InProcessComfy:
     def worker_pids(self) -> list[int]:
         """The process ids of the parallel plan's warm workers (none when released), read as the pack's pool
         keeps them, under its lock: for the tests and the benchmarks (the pack itself never asks)."""
-        pool = self.pack("nodes.parallel.pool")
-        with pool._LOCK:
-            return list(pool._POOL.pids) if pool._POOL is not None else []
+        registry = self.pack("nodes.parallel.registry")
+        with registry._LOCK:
+            return list(registry._POOL.pids) if registry._POOL is not None else []
 
     def run(self, prompt: dict, executor=None) -> PromptResult:
         """Validates and executes an API-format prompt, as POST /prompt would."""

@@ -529,7 +529,7 @@ def evaluate(bed: Bed, log=print, samples: int = 8) -> dict:
     world = World(config)
     per_size = {}
     with tempfile.TemporaryDirectory(prefix="wan22-testbed-eval-") as base:
-        runs = BedRuns(base, bed)
+        runs = BedRuns(base, bed, world)
         for size in config.sizes:
             fits = []
             for i in range(samples):

@@ -5,17 +5,17 @@ policy, so that every caller gets the same: a run without a plan releases the wa
 from __future__ import annotations
 
 from . import engine
-from .parallel import pool
+from .parallel import registry, sampling
 from .types import ScheduleHandle
 
 
 def run(experts, handle: ScheduleHandle, positive, negative, latent: dict, seed: int, cfg: dict):
     """The run in this process, or, with a parallel plan on the experts, on the plan's workers
-    (pool.sample_on_workers, each worker running engine.sample on its share): (LATENT, run record). The
+    (parallel/sampling.py, each worker running engine.sample on its share): (LATENT, run record). The
     stages are planned here first, so that what the run refuses is refused before any worker starts."""
     schedule, lead_model = handle.schedule, handle.lead_model
     if experts.parallel_plan is None:
-        pool.release()  # the warm workers of an earlier run with a plan are not kept
+        registry.release()  # the warm workers of an earlier run with a plan are not kept
         return engine.sample(experts, schedule, positive, negative, latent, seed, cfg, lead_model=lead_model)
     engine.plan_stages(experts, schedule, cfg, lead_model)
-    return pool.sample_on_workers(experts, schedule, lead_model, positive, negative, latent, seed, cfg)
+    return sampling.sample_on_workers(experts, schedule, lead_model, positive, negative, latent, seed, cfg)

@@ -16,9 +16,9 @@ from .text_nodes import Wan22TextEncode
 class Wan22CacheDiTExtension(ComfyExtension):
     async def on_load(self) -> None:
         from . import routes  # noqa: F401  (routes registers the live-split route on ComfyUI's server)
-        from .parallel import pool
+        from .parallel import registry
 
-        pool.release_on_termination()  # SIGTERM of ComfyUI stops the parallel plan's workers too
+        registry.release_on_termination()  # SIGTERM of ComfyUI stops the parallel plan's workers too
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return [Wan22ExpertLoader, Wan22DiffusersExpertLoader, Wan22ExpertsFromModel, Wan22LoraLoader, Wan22Schedule,

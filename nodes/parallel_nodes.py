@@ -81,7 +81,7 @@ class Wan22ParallelPlan(io.ComfyNode):
         plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
                               cpu_threads=cpu_threads, gpus=gpus_here(), cpus=cpu_cores(),
                               cluster=bool(os.environ.get("RAY_ADDRESS")), split=split)
-        from .parallel.pool import ray_module
+        from .parallel.gate import ray_module
 
         ray_module()  # says how to install Ray when it is missing, before any run
         text = (f"{plan.workers} workers on {', '.join(plan.devices)} ({plan.backend}), split {plan.split}, "

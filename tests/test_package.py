@@ -194,6 +194,69 @@ def imports_of(path: str) -> set[str]:
     return found
 
 
+def module_graph() -> dict:
+    """The pack's, bench/'s and devtools/' modules (dotted names from the repository's root) and those of them
+    each imports, at its top or deferred in a function; the pack's own name ComfyUI gives it left out."""
+    paths = {}
+    for top in ("nodes", "bench", "devtools"):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".py"):
+                    name = os.path.relpath(os.path.join(d, f), ROOT)[:-3].replace(os.sep, ".")
+                    paths[name.removesuffix(".__init__")] = os.path.join(d, f)
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        found = set()
+        for written in imports_of(path):
+            dots = len(written) - len(written.lstrip("."))
+            if dots:
+                base = package.rsplit(".", dots - 1)[0] if dots > 1 else package
+                written = f"{base}.{written[dots:]}".rstrip(".")
+            for candidate in (written, written.rpartition(".")[0]):
+                if candidate in paths and candidate != name:
+                    found.add(candidate)
+                    break
+        graph[name] = found
+    return graph
+
+
+def test_no_module_imports_itself_back_and_devtools_never_imports_bench():
+    """The import graph of nodes/, bench/ and devtools/, deferred imports included, has no cycle (a module
+    reaches itself through none of its imports), and devtools/ (set-up, harnesses, the beds) never imports bench/
+    (which uses them)."""
+    graph = module_graph()
+    assert {"nodes.engine", "devtools.testbed", "devtools.bed_runs", "bench.quality"} <= set(graph)
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            assert name != start, f"{start} imports itself back (through {sorted(seen)})"
+            if name not in seen:
+                seen.add(name)
+                todo += graph[name]
+    assert [n for n in graph if n.startswith("devtools.") and any(m.startswith("bench") for m in graph[n])] == []
+
+
+# nodes/parallel/'s modules, each importing only those before it (its __init__ says each one's job).
+PARALLEL_LAYERS = ["gate", "auth", "actor", "driver", "rebuild", "sequence", "worker", "launch", "pool", "registry", "sampling"]
+
+
+def test_the_parallel_packages_rooms_import_only_the_rooms_below_them_and_ray_auth_is_asked_in_one():
+    """No import in nodes/parallel/ points back up its layers (a deferred one neither), every module is in the
+    list, and only auth.py asks Ray about its authentication (ray._raylet)."""
+    folder = os.path.join(ROOT, "nodes", "parallel")
+    modules = sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
+    assert modules == sorted(PARALLEL_LAYERS)
+    for index, module in enumerate(PARALLEL_LAYERS):
+        path = os.path.join(folder, f"{module}.py")
+        used = {m[1:].split(".")[0] for m in imports_of(path) if m.startswith(".") and not m.startswith("..")}
+        above = sorted((used & set(modules)) - set(PARALLEL_LAYERS[:index]))
+        assert above == [], f"nodes/parallel/{module}.py imports {above}, above it"
+        raylet = "ray._raylet" in open(path, encoding="utf-8").read()
+        assert raylet == (module == "auth"), f"nodes/parallel/{module}.py and ray._raylet"
+
+
 def test_the_parallel_package_is_one_room_that_the_engine_never_enters():
     """Only dispatch.py (the choice between one process and the workers), the extension (its exit
     handlers) and the plan's node import nodes/parallel/; the one-process engine, and everything else outside

@@ -14,6 +14,11 @@ import os
 import sys
 from datetime import timedelta
 
+try:
+    from .auth import token_mode
+except ImportError:  # loaded by the driver by its path, with auth.py loaded beside it (driver.sibling)
+    from wan22_parallel_auth import token_mode
+
 # A collective that waits this long for a rank has lost it (the driver releases the workers well before).
 GROUP_TIMEOUT_S = 600
 
@@ -51,12 +56,8 @@ class Rendezvous:
         return len(self.keys)
 
     def authentication(self) -> str:
-        """The token authentication of the cluster's worker processes, as Ray reports it here ("token" or not)."""
-        try:
-            from ray._raylet import AuthenticationMode, get_authentication_mode
-        except ImportError:
-            return "unknown"
-        return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
+        """The token authentication of the cluster's worker processes, as Ray reports it here (auth.token_mode)."""
+        return token_mode()
 
 
 class ParallelActor:

@@ -21,7 +21,6 @@ import importlib.util
 import logging
 import os
 import shutil
-import stat
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -33,28 +32,30 @@ GRACE_S = 10  # how long the other workers may take to answer once one has faile
 SAFE = ("refusal", "interrupt")
 
 
-class Refused(Exception):
-    """Ray runs without the authentication the pool requires: ComfyUI names it against `workers`."""
+def sibling(name: str):
+    """A module beside this one, loaded by its path (this script runs with no package: see the module's text) as
+    wan22_parallel_<name>, which the actor imports under that name too; Ray sends it to the workers by value."""
+    import ray
+
+    module_name = f"wan22_parallel_{name}"
+    if module_name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        ray.cloudpickle.register_pickle_by_value(module)  # the workers cannot import it by this name
+    return sys.modules[module_name]
+
+
+try:
+    from . import auth
+except ImportError:  # run as a script (pool.Pool starts it so), with no package: auth.py beside it, by its path
+    auth = sibling("auth")
 
 
 class Gone(Exception):
     """ComfyUI's end of the pipe closed: ComfyUI is gone, and the workers go with it."""
-
-
-def authentication_refusal(why: str, without_auth: str) -> Refused:
-    return Refused(f"{why}: anyone who can reach the cluster's ports could run code as this user. Leave "
-                   "RAY_AUTH_MODE unset or set it to token (Ray >= 2.60; a cluster you join must be started with it "
-                   f"too), or set {without_auth}=1 to run without it on a network you trust")
-
-
-def private_token() -> None:
-    """Ray writes its token to ~/.ray/auth_token readable by everyone: only its owner may read it."""
-    path = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
-    try:
-        if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
-    except OSError:
-        pass
 
 
 def stop_processes(processes: list, grace_s: float = 3.0) -> None:
@@ -94,14 +95,10 @@ class Driver:
             ray.init(address="local", num_cpus=config["num_cpus"] * len(config["devices"]) + 1,
                      num_gpus=config["num_gpus"], include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING, _temp_dir=config["temp_dir"])
-        private_token()
-        spec = importlib.util.spec_from_file_location("wan22_parallel_actor", config["actor_path"])
-        actor_module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = actor_module
-        spec.loader.exec_module(actor_module)
-        ray.cloudpickle.register_pickle_by_value(actor_module)  # the workers cannot import it by this name
+        auth.private_token()
+        actor_module = sibling("actor")
         self.store = ray.remote(actor_module.Rendezvous).options(num_cpus=0).remote()
-        self.check_authenticated()
+        auth.check_connected(lambda: ray.get(self.store.authentication.remote(), timeout=config["boot_timeout_s"]))
         actor = ray.remote(actor_module.ParallelActor)
         world = len(config["devices"])
         for rank, device in enumerate(config["devices"]):
@@ -121,19 +118,6 @@ class Driver:
                 raise RuntimeError(f"worker(s) {ranks} did not start in {config['boot_timeout_s']} s")
             self.check_comfy()
         return {"pids": ray.get(boots), "gcs_address": ray.get_runtime_context().gcs_address}
-
-    def check_authenticated(self) -> None:
-        """Once connected: this process and the cluster's workers run with token authentication."""
-        if self.config["without_auth"]:
-            return
-        from ray._raylet import AuthenticationMode, get_authentication_mode
-
-        if get_authentication_mode() != AuthenticationMode.TOKEN:
-            raise authentication_refusal("the driver connected to Ray without token authentication",
-                                         self.config["without_auth_variable"])
-        if self.ray.get(self.store.authentication.remote(), timeout=self.config["boot_timeout_s"]) != "token":
-            raise authentication_refusal("the Ray cluster runs its workers without token authentication",
-                                         self.config["without_auth_variable"])
 
     def check_comfy(self, run_id=None, on_interrupt=None) -> None:
         """Reads what ComfyUI sent meanwhile: an interrupt of this run; a stop or a closed pipe ends the driver."""
@@ -253,7 +237,7 @@ class Driver:
             except Gone:
                 return
             except Exception as e:
-                refused = isinstance(e, Refused)
+                refused = isinstance(e, auth.Refused)
                 self.send(("refused" if refused else "failed", str(e) if refused else f"{type(e).__name__}: {e}"))
                 self.wait_for_stop()
                 return

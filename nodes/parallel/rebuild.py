@@ -1,4 +1,5 @@
-"""How a worker makes the same MODEL as ComfyUI's process, and what a MODEL may carry for that to hold.
+"""How a worker makes the same MODEL as ComfyUI's process: what a MODEL sends (`model_spec`, in ComfyUI's
+process), what it may carry for that to hold, and the clone a worker makes of it (`rebuilt`).
 
 A worker loads each expert itself through the loader factory the MODEL came from (ComfyUI's
 `cached_patcher_init`) and puts the run's weight patches on a clone of it (`rebuilt`). Every field of a
@@ -8,6 +9,12 @@ table fails on it, instead of workers silently differing from one process.
 """
 
 from __future__ import annotations
+
+import sys
+
+from ..core.errors import Wan22InputError
+from ..core.experts import ROLE_WORDS
+from .gate import ray_module
 
 # Object patches ComfyUI's own nodes put on a Wan MODEL that the workers rebuild: the flow shift
 # (ModelSamplingSD3), which every stage sets again from the schedule.
@@ -76,3 +83,48 @@ def sent_attachments(model) -> dict:
     """The MODEL's data attachments (SENT_ATTACHMENTS), by value, for `rebuilt`."""
     return {key: value for key, value in (getattr(model, "attachments", None) or {}).items()
             if key in SENT_ATTACHMENTS}
+
+
+def model_spec(model, role: str) -> dict:
+    """How a worker makes the same MODEL: ComfyUI's loader factory for it, and its weight patches. A MODEL that
+    carries anything else is refused before any worker starts, naming what."""
+    what = f"the {ROLE_WORDS.get(role, role)} expert" if role != "lead" else "the lead stage's expert"
+    init = getattr(model, "cached_patcher_init", None)
+    if init is None:
+        raise Wan22InputError("workers", f"{what} comes from a loader that does not tell ComfyUI how to load it again "
+                                         "(its cached_patcher_init; GGUF loaders do not), so the workers cannot "
+                                         "load it themselves: load it with Load Wan2.2 Experts, Load Diffusion "
+                                         "Model or Load Wan2.2 Experts (Diffusers), or run without the plan")
+    found = unrebuildable(model)
+    if found:
+        raise Wan22InputError("workers", f"{what} carries model patches the workers cannot rebuild "
+                                         f"({', '.join(found[:4])}): remove the node that adds them, or run without "
+                                         "the parallel plan")
+    return {"init": init, "key": repr((getattr(init[0], "__module__", ""), getattr(init[0], "__qualname__", ""),
+                                        init[1:])),
+            "patches": {key: list(patches) for key, patches in model.patches.items()},
+            "patches_uuid": model.patches_uuid, "attention": attention_override(model, what),
+            "attachments": sent_attachments(model)}
+
+
+def attention_override(model, what: str):
+    """The MODEL's attention override, ready to be sent to the workers: the module that defines it (another
+    custom node pack, which a worker does not load) goes by value. One that cannot be sent is refused by name."""
+    override = model.model_options.get("transformer_options", {}).get(ATTENTION_OVERRIDE)
+    if override is None:
+        return None
+    ray = ray_module()
+    name = getattr(override, "__module__", None) or ""
+    module = sys.modules.get(name)
+    own = name.split(".")[0] in ("comfy", "comfy_extras", "comfy_api", __name__.split(".")[0])
+    if module is not None and not own:
+        ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        ray.cloudpickle.dumps(override)
+    except Exception as e:
+        raise Wan22InputError("workers", f"{what} carries an attention override "
+                                         f"({getattr(override, '__qualname__', type(override).__name__)} from "
+                                         f"{name or 'an unknown module'}) that cannot be sent to the workers "
+                                         f"({type(e).__name__}: {e}): remove the node that sets it, or run "
+                                         "without the parallel plan") from None
+    return override

@@ -48,7 +48,8 @@ def two_heads(parallel_experts, tiny_models, task="t2v", experts="both", **run):
 
 
 def parallel_module(comfyui):
-    return comfyui.pack("nodes.parallel.pool")
+    """The warm pool's registry (release, the warm pool) as ComfyUI loaded it."""
+    return comfyui.pack("nodes.parallel.registry")
 
 
 def no_process_left(pids, within=60.0) -> list[int]:
@@ -304,7 +305,7 @@ def test_conditioning_that_carries_models_of_its_own_is_refused_by_name(comfyui,
     rebuild them, so the run is refused before any worker starts."""
     from types import SimpleNamespace
 
-    parallel = parallel_module(comfyui)
+    parallel = comfyui.pack("nodes.parallel.sampling")
     errors = comfyui.pack("nodes.core.errors")
     plan = comfyui.pack("nodes.core.parallel").make_plan(workers=2, devices="cpu, cpu", ulysses_degree=2,
                                                          cpu_threads=1, gpus=0, cpus=2)

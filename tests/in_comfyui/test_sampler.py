@@ -133,8 +133,8 @@ def test_a_run_that_fails_in_its_second_stage_leaves_nothing_behind(comfyui, tin
 
 
 # What the pack holds on purpose, named by where: ComfyUI's memory stand-in for the warm pool
-# (nodes/parallel/pool.py, WorkersInComfy: one tiny ModelPatcher for the process, never freed).
-DELIBERATE = {"nodes.parallel.pool._STAND_IN.patcher"}
+# (nodes/parallel/registry.py, WorkersInComfy: one tiny ModelPatcher for the process, never freed).
+DELIBERATE = {"nodes.parallel.registry._STAND_IN.patcher"}
 MAX_DEPTH = 6  # levels of containers and attributes below a module global
 
 
@@ -193,5 +193,5 @@ def test_two_runs_leave_no_pack_owned_registry_holding_a_model(comfyui, tiny_mod
     for seed in (1, 2):
         run_ok(comfyui, our_prompt(loader(*expert_files(tiny_models)), text_folder(tiny_models), steps=6, seed=seed,
                                    cache={}, lora=lora))
-    comfyui.pack("nodes.parallel.pool").stand_in()
+    comfyui.pack("nodes.parallel.registry").stand_in()
     assert models_in_the_pack(comfyui) == DELIBERATE
