@@ -239,7 +239,8 @@ def test_no_module_imports_itself_back_and_devtools_never_imports_bench():
 
 
 # nodes/parallel/'s modules, each importing only those before it (its __init__ says each one's job).
-PARALLEL_LAYERS = ["gate", "auth", "actor", "driver", "rebuild", "sequence", "worker", "launch", "pool", "registry", "sampling"]
+PARALLEL_LAYERS = ["gate", "auth", "actor", "driver", "rebuild", "sequence", "worker", "launch", "pool", "registry",
+                   "sampling"]
 
 
 def test_the_parallel_packages_rooms_import_only_the_rooms_below_them_and_ray_auth_is_asked_in_one():
