@@ -104,12 +104,17 @@ def write_single_file(model: WanTransformer3DModel, path: str, fmt: str = "fp16"
 
 
 # --- the other Wan2.2 A14B variants, in ComfyUI's own layout: Fun-Control (52 channels in, a reference image
-# embedding) and VACE (VACE blocks beside the main ones). Fun-InP has the image-to-video layout (36 channels).
+# embedding), Fun-Camera (an image-to-video model with a camera adapter) and VACE (VACE blocks beside the main
+# ones). Fun-InP has the image-to-video layout (36 channels).
+
+CAMERA_CHANNELS = 24  # the camera embedding's channels per pixel (WanCameraEmbedding: Plücker rays), ComfyUI's default
 
 def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) -> dict[str, torch.Tensor]:
     """fp16 single-file tensors of `model` with what the variant adds, random: `fun_control` (a 52-channel
-    model) gets `ref_conv` (the reference latent's 16 channels to the width, on 2x2 patches), `vace` gets a VACE
-    patch embedding (96 channels: VACE frames and masks) and one VACE block (a block with its in/out projections)."""
+    model) gets `ref_conv` (the reference latent's 16 channels to the width, on 2x2 patches), `fun_camera` (a
+    36-channel model) gets `control_adapter` (the camera embedding, unshuffled by 8, to the width on 2x2 patches,
+    and one residual block of two 3x3 convolutions), `vace` gets a VACE patch embedding (96 channels: VACE frames
+    and masks) and one VACE block (a block with its in/out projections)."""
     tensors, _ = single_file_tensors(model, "fp16")
     dim = model.config.num_attention_heads * model.config.attention_head_dim
     g = torch.Generator().manual_seed(seed)
@@ -119,6 +124,13 @@ def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) 
 
     if variant == "fun_control":
         tensors[PREFIX + "ref_conv.weight"], tensors[PREFIX + "ref_conv.bias"] = rand(dim, 16, 2, 2), rand(dim)
+    elif variant == "fun_camera":
+        adapter = PREFIX + "control_adapter."
+        tensors[adapter + "conv.weight"] = rand(dim, CAMERA_CHANNELS * 64, 2, 2)
+        tensors[adapter + "conv.bias"] = rand(dim)
+        for conv in ("conv1", "conv2"):
+            tensors[f"{adapter}residual_blocks.0.{conv}.weight"] = rand(dim, dim, 3, 3)
+            tensors[f"{adapter}residual_blocks.0.{conv}.bias"] = rand(dim)
     elif variant == "vace":
         tensors[PREFIX + "vace_patch_embedding.weight"] = rand(dim, 96, 1, 2, 2)
         tensors[PREFIX + "vace_patch_embedding.bias"] = rand(dim)
@@ -135,6 +147,33 @@ def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) 
 def write_variant(model: WanTransformer3DModel, path: str, variant: str) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     save_file(variant_tensors(model, variant), path, metadata={"format": "pt"})
+    return path
+
+
+# Wan2.2 models whose forward adds work between the blocks, built by ComfyUI's own classes (their extra modules
+# are many and intricate): kind -> (module, class, its tiny arguments). S2V keeps its default audio layers
+# (injectors for blocks beyond the tiny depth are built and never run); Animate adds a face adapter every 5 blocks.
+COMFY_VARIANTS = {
+    "s2v": ("comfy.ldm.wan.model", "WanModel_S2V", dict(dim=128, ffn_dim=256, num_heads=1, num_layers=4)),
+    "animate": ("comfy.ldm.wan.model_animate", "AnimateWanModel",
+                dict(dim=128, ffn_dim=256, num_heads=1, num_layers=5, in_dim=36, image_model="wan2.1")),
+}
+
+
+def write_comfy_variant(path: str, kind: str, seed: int = 61) -> str:
+    """A tiny `kind` (COMFY_VARIANTS) transformer from ComfyUI's own class, random fp16 weights, in the single-file
+    layout Load Diffusion Model detects as that model. Only where ComfyUI is imported (its process)."""
+    import importlib
+
+    import comfy.ops
+
+    module, name, arguments = COMFY_VARIANTS[kind]
+    model = getattr(importlib.import_module(module), name)(operations=comfy.ops.disable_weight_init, **arguments)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {PREFIX + key: (torch.randn(value.shape, generator=g) * 0.05).to(torch.float16)
+               for key, value in model.state_dict().items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(tensors, path, metadata={"format": "pt"})
     return path
 
 

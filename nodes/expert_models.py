@@ -7,7 +7,8 @@ import comfy.ldm.wan.model
 import comfy.model_base
 
 from .core import experts as core_experts
-from .core.architecture import ExpertArchitecture, check_matching, check_task, not_an_expert, vace_expert
+from .core.architecture import (ExpertArchitecture, between_blocks, check_matching, check_task, not_an_expert,
+                                vace_expert)
 from .core.errors import Wan22InputError
 
 UNKNOWN_SOURCE = "MODEL"  # what the report names when nothing says which file a MODEL came from
@@ -26,13 +27,17 @@ def architecture_of(model, input_name: str) -> ExpertArchitecture:
     config = base.model_config.unet_config
     if config.get("model_type") == "vace":
         raise vace_expert(input_name, what)
-    if config.get("model_type") not in ("t2v", "i2v"):
-        raise not_an_expert(input_name, what, f"it is a Wan {config.get('model_type')} model")
+    # camera_2.2: Wan2.2 Fun-Camera (CameraWanModel, its adapter before the plain block loop)
+    if config.get("model_type") not in ("t2v", "i2v", "camera_2.2"):
+        why = between_blocks(model_type=config.get("model_type"))
+        raise not_an_expert(input_name, what, f"it is a Wan {config.get('model_type')} model"
+                                              + (f"; and Cache-DiT could not cache it: {why}" if why else ""))
     check_task(config["in_dim"], input_name, what)
     text = base.diffusion_model.text_embedding[0]
     return ExpertArchitecture(dim=config["dim"], num_layers=config["num_layers"], in_channels=config["in_dim"],
                               out_channels=config["out_dim"], ffn_dim=config["ffn_dim"],
-                              text_dim=getattr(text, "in_features", None) or config.get("text_dim", 4096))
+                              text_dim=getattr(text, "in_features", None) or config.get("text_dim", 4096),
+                              camera=config.get("model_type") == "camera_2.2")
 
 
 def experts_handle(models: dict, sources: dict[str, str] | None = None, declared_boundary: float | None = None,

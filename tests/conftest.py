@@ -107,19 +107,21 @@ def gguf_experts(tiny_models):
 
 VARIANT_NAMES = {"fun_inpaint": "wan2.2_fun_inpaint_{role}_noise_14B_fp16.safetensors",
                  "fun_control": "wan2.2_fun_control_{role}_noise_14B_fp16.safetensors",
+                 "fun_camera": "wan2.2_fun_camera_{role}_noise_14B_fp16.safetensors",
                  "vace": "wan2.2_fun_vace_{role}_noise_14B_fp16.safetensors"}
 
 
 @pytest.fixture(scope="session")
 def variant_experts(tiny_models):
     """Tiny Wan2.2 A14B variants in the models folder, named as ComfyUI's repackaged files: Fun-InP (the
-    image-to-video layout), Fun-Control (52 channels in, a reference embedding) and VACE; {(variant, role): name}."""
+    image-to-video layout), Fun-Control (52 channels in, a reference embedding), Fun-Camera (the image-to-video
+    layout and a camera adapter) and VACE; {(variant, role): name}."""
     names = {}
     for seed, (variant, pattern) in enumerate(VARIANT_NAMES.items(), start=71):
         for role, offset in (("high", 0), ("low", 10)):
             name = pattern.format(role=role)
             path = os.path.join(tiny_models["dir"], "diffusion_models", name)
-            task = {"fun_inpaint": "i2v", "fun_control": "fun_control", "vace": "t2v"}[variant]
+            task = {"fun_inpaint": "i2v", "fun_control": "fun_control", "fun_camera": "i2v", "vace": "t2v"}[variant]
             model = tiny_wan.make_expert(task, seed + offset)
             if variant == "fun_inpaint":
                 tiny_wan.write_single_file(model, path, "fp16")
@@ -260,8 +262,8 @@ PARALLEL_NAMES = "wan2.2_{task}_{role}_noise_14B_2heads_fp16.safetensors"
 
 @pytest.fixture(scope="session")
 def parallel_experts(tiny_models):
-    """Tiny experts with two attention heads (dim 256), T2V and I2V, and a LoRA for each expert, in the models
-    folder: a Ulysses degree of 2 needs heads to split. {(task, role): name, ("lora", role): name}."""
+    """Tiny experts with two attention heads (dim 256), T2V, I2V and Fun-Camera, and a LoRA for each expert, in the
+    models folder: a Ulysses degree of 2 needs heads to split. {(task, role): name, ("lora", role): name}."""
     names = {}
     for seed, (task, role) in enumerate((("t2v", "high"), ("t2v", "low"), ("i2v", "high"), ("i2v", "low")),
                                         start=81):
@@ -269,6 +271,11 @@ def parallel_experts(tiny_models):
         tiny_wan.write_single_file(tiny_wan.make_expert(task, seed, dim=256, ffn_dim=512),
                                    os.path.join(tiny_models["dir"], "diffusion_models", name), "fp16")
         names[(task, role)] = name
+    for seed, role in ((93, "high"), (94, "low")):
+        name = PARALLEL_NAMES.format(task="fun_camera", role=role)
+        tiny_wan.write_variant(tiny_wan.make_expert("i2v", seed, dim=256, ffn_dim=512),
+                               os.path.join(tiny_models["dir"], "diffusion_models", name), "fun_camera")
+        names[("fun_camera", role)] = name
     for seed, role in ((91, "high"), (92, "low")):
         name = f"wan22_2heads_{role}_lora.safetensors"
         tiny_wan.write_tiny_lora(tiny_wan.make_expert("t2v", 0, dim=256, ffn_dim=512),

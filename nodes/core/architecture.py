@@ -17,11 +17,33 @@ HEAD_DIM = 128  # Wan's attention head width: ComfyUI derives num_heads = dim //
 TASKS = {16: "t2v", 36: "i2v", 52: "fun_control"}
 TASK_WORDS = {"t2v": "text-to-video", "i2v": "image-to-video", "fun_control": "Fun-Control"}
 TASK_LABELS = {"t2v": "T2V", "i2v": "I2V", "fun_control": "Fun-Control"}
-# ref_conv: Fun-Control's reference image embedding (ComfyUI puts its tokens in front of the sequence)
-WAN_TOP_LEVEL = {"patch_embedding", "text_embedding", "time_embedding", "time_projection", "blocks", "head", "ref_conv"}
-VACE_WHY = ("VACE adds its control hints to the hidden state after given blocks, so a block cache that skips those "
-            "blocks would drop the hints of every cached step: run VACE experts without Cache-DiT, with ComfyUI's "
-            "own nodes (KSamplerAdvanced)")
+# ref_conv: Fun-Control's reference image embedding (ComfyUI puts its tokens in front of the sequence);
+# control_adapter: Fun-Camera's camera adapter (ComfyUI's CameraWanModel adds it to the patch embedding, before the
+# block loop, which is the plain one: the cache applies unchanged)
+WAN_TOP_LEVEL = {"patch_embedding", "text_embedding", "time_embedding", "time_projection", "blocks", "head", "ref_conv",
+                 "control_adapter"}
+CAMERA_TENSOR = "control_adapter.conv.weight"
+# ComfyUI's Wan transformers whose forward adds work between the blocks (by class name, with the model type its
+# detection gives them), and what a block cache, which runs the blocks as one unit, would drop.
+BETWEEN_BLOCKS = {
+    "VaceWanModel": ("vace", "VACE adds its control hints to the hidden state after given blocks, so a block cache "
+                             "that skips those blocks would drop the hints of every cached step"),
+    "WanModel_S2V": ("s2v", "S2V injects the audio into the hidden state after given blocks (its audio injector), so "
+                            "a block cache that skips those blocks would drop the audio's change on every cached "
+                            "step"),
+    "AnimateWanModel": ("animate", "Animate adds its face adapter's motion to the hidden state after every fifth "
+                                   "block, so a block cache that skips those blocks would drop the face's change on "
+                                   "every cached step"),
+}
+UNCACHED_HINT = "run it without Cache-DiT, with ComfyUI's own nodes"
+VACE_WHY = f"{BETWEEN_BLOCKS['VaceWanModel'][1]}: {UNCACHED_HINT} (KSamplerAdvanced)"
+
+
+def between_blocks(class_name: str = "", model_type: str = "") -> str | None:
+    """What a block cache would drop on ComfyUI's Wan transformer of this class (or detected model type), or
+    None where its block loop is the plain one."""
+    return next((why for name, (kind, why) in BETWEEN_BLOCKS.items() if class_name == name or model_type == kind),
+                None)
 REQUIRED_TENSORS = ("patch_embedding.weight", "head.modulation", "head.head.weight", "blocks.0.ffn.0.weight",
                     "text_embedding.0.weight")
 
@@ -36,10 +58,15 @@ class ExpertArchitecture:
     out_channels: int
     ffn_dim: int
     text_dim: int
+    camera: bool = False  # a Fun-Camera expert (image-to-video with a camera adapter)
 
     @property
     def task(self) -> str:
         return TASKS[self.in_channels]
+
+    @property
+    def label(self) -> str:
+        return "Fun-Camera" if self.camera else TASK_LABELS[self.task]
 
     @property
     def heads(self) -> int:
@@ -47,7 +74,8 @@ class ExpertArchitecture:
         return self.dim // HEAD_DIM
 
     def describe(self) -> str:
-        return (f"{TASK_WORDS[self.task]}, width {self.dim}, {self.num_layers} layers, "
+        camera = "Fun-Camera " if self.camera else ""
+        return (f"{camera}{TASK_WORDS[self.task]}, width {self.dim}, {self.num_layers} layers, "
                 f"{self.in_channels} in-channels")
 
 
@@ -85,9 +113,14 @@ def architecture_from_shapes(shapes: dict[str, list[int]], input_name: str, what
     check_task(patch[1], input_name, what)
     layers = {int(m.group(1)) for name in shapes if (m := re.match(r"blocks\.(\d+)\.", name))}
     patch_volume = patch[2] * patch[3] * patch[4]
+    camera = CAMERA_TENSOR in shapes
+    if camera and TASKS[patch[1]] != "i2v":
+        raise not_an_expert(input_name, what, f"a camera adapter on a {patch[1]}-channel model: the Wan2.2 Fun-Camera "
+                                              "experts take 36 (image-to-video)")
     return ExpertArchitecture(dim=dim, num_layers=max(layers) + 1, in_channels=patch[1],
                               out_channels=shapes["head.head.weight"][0] // patch_volume,
-                              ffn_dim=shapes["blocks.0.ffn.0.weight"][0], text_dim=shapes["text_embedding.0.weight"][1])
+                              ffn_dim=shapes["blocks.0.ffn.0.weight"][0], text_dim=shapes["text_embedding.0.weight"][1],
+                              camera=camera)
 
 
 def check_matching(architectures: dict[str, ExpertArchitecture], names: dict[str, str],
@@ -99,10 +132,11 @@ def check_matching(architectures: dict[str, ExpertArchitecture], names: dict[str
     high, low = architectures["high"], architectures["low"]
     for field, label in (("in_channels", "in-channels"), ("dim", "width"), ("num_layers", "depth (layers)"),
                          ("ffn_dim", "feed-forward width"), ("text_dim", "text width"),
-                         ("out_channels", "out-channels")):
+                         ("out_channels", "out-channels"), ("camera", "camera adapter")):
         a, b = getattr(high, field), getattr(low, field)
         if a != b:
-            hint = " (one is text-to-video, the other image-to-video)" if field == "in_channels" else ""
+            hint = {"in_channels": " (one is text-to-video, the other image-to-video)",
+                    "camera": " (one is a Fun-Camera expert, the other not)"}.get(field, "")
             raise Wan22InputError(input_name, f"the experts do not match: {label} {a} in {names['high']} vs "
                                                      f"{b} in {names['low']}{hint}; use the high-noise and "
                                                      "low-noise experts of the same Wan2.2 model")

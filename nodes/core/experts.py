@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .architecture import TASK_LABELS, ExpertArchitecture
+from .architecture import ExpertArchitecture
 from .errors import Wan22InputError
 
 ROLES = ("high", "low")
@@ -71,7 +71,7 @@ class Wan22Experts:
 
     def summary(self) -> str:
         loaded = " + ".join(self.models())
-        return (f"Wan2.2 {TASK_LABELS[self.task]} experts: {loaded} ({self.architecture.describe()})"
+        return (f"Wan2.2 {self.architecture.label} experts: {loaded} ({self.architecture.describe()})"
                 + "".join(f"; {n.role} LoRA {n.file} x{n.strength:g}" for n in self.loras))
 
 

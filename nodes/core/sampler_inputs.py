@@ -20,6 +20,10 @@ def check_conditioning(conditioning, input_name: str, architecture: ExpertArchit
                                               f"embeddings [batch, tokens, {architecture.text_dim}] from the umt5-xxl "
                                               "text encoder: load Wan's umt5 text encoder (CLIP Loader, type wan)")
         has_image = extras.get("concat_latent_image") is not None
+        if architecture.camera and (not has_image or extras.get("camera_conditions") is None):
+            raise Wan22InputError(input_name, "the Fun-Camera experts need a start image and a camera path: pass "
+                                              "positive and negative through WanCameraImageToVideo, with a "
+                                              "start_image and the camera_conditions of WanCameraEmbedding")
         if architecture.task == "i2v" and not has_image:
             raise Wan22InputError(input_name, "the image-to-video experts need a start image: pass positive and "
                                               "negative through WanImageToVideo (WanFunInpaintToVideo for Fun-InP) "

@@ -1,6 +1,7 @@
 """What the loaders check before ComfyUI loads anything: safetensors headers, the architecture read off
 the tensors, diffusers folders, and the rename of a diffusers transformer to ComfyUI's layout (no ComfyUI)."""
 
+import dataclasses
 import os
 import shutil
 
@@ -89,6 +90,29 @@ def test_experts_that_do_not_match_are_refused_naming_the_difference(tiny_models
     e = refusal(lambda: check_matching(architectures, {"high": high_name, "low": low_name}))
     assert e.input_name == "low_noise_model" and "do not match" in str(e) and label in str(e)
     assert "same Wan2.2 model" in str(e)
+
+
+def test_a_fun_camera_header_reads_as_image_to_video_with_its_adapter_and_matches_only_another(tmp_path):
+    """A camera adapter (control_adapter.*) on the image-to-video layout: a Fun-Camera expert (the same task and
+    boundary, told apart by `camera`); paired with a plain image-to-video expert, refused naming the adapter; on a
+    text-to-video layout, not a Wan2.2 expert."""
+    paths = {}
+    for name, task, variant in (("camera", "i2v", "fun_camera"), ("t2v_camera", "t2v", "fun_camera"),
+                                ("plain", "i2v", None)):
+        model = tiny_wan.make_expert(task, 3)
+        paths[name] = str(tmp_path / f"{name}.safetensors")
+        (tiny_wan.write_variant(model, paths[name], variant) if variant else
+         tiny_wan.write_single_file(model, paths[name], "fp16"))
+    camera = checkpoint.expert_architecture(paths["camera"], "high_noise_model")
+    assert camera.camera and camera.task == "i2v" and camera.label == "Fun-Camera"
+    assert camera.describe().startswith("Fun-Camera image-to-video")
+    plain = checkpoint.expert_architecture(paths["plain"], "low_noise_model")
+    assert not plain.camera and camera == dataclasses.replace(plain, camera=True)
+    e = refusal(lambda: check_matching({"high": camera, "low": plain}, {"high": "camera", "low": "plain"}))
+    assert e.input_name == "low_noise_model" and "camera adapter True in camera vs False in plain" in str(e)
+    assert "one is a Fun-Camera expert" in str(e)
+    e = refusal(lambda: checkpoint.expert_architecture(paths["t2v_camera"], "high_noise_model"))
+    assert "a camera adapter on a 16-channel model" in str(e) and e.input_name == "high_noise_model"
 
 
 @pytest.mark.parametrize("choice,roles", [("both", {"high", "low"}), ("high_noise_only", {"high"}),

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from . import prompts as P
+from .test_variants import conditioned
 
 pytest.importorskip("ray", reason="the parallel plan's tests need Ray (requirements-dev.txt)")
 pytest.importorskip("yunchang", reason="the parallel plan's tests need yunchang (requirements-dev.txt)")
@@ -93,6 +94,20 @@ def test_uncached_run_equals_one_process(comfyui, tiny_models, parallel_experts,
     assert report["parallel"]["workers"] == 2 and report["parallel"]["devices"] == ["cpu", "cpu"]
     assert near_one_process(split, alone)
     assert not torch.equal(split, torch.zeros_like(split))
+
+
+@pytest.mark.slow
+def test_fun_camera_experts_on_workers_equal_one_process(comfyui, tiny_models, parallel_experts, start_image):
+    """Fun-Camera's adapter adds the camera path to the patch embedding before the block loop, so the sequence
+    split cuts it with the tokens: the camera conditioning crosses to the workers and the run equals one
+    process's."""
+    prompt = conditioned(two_heads(parallel_experts, tiny_models, "fun_camera", sampler="euler", cfg=(3.5, 3.5)),
+                         ["5"], "fun_camera", os.path.basename(start_image))
+    alone = P.report_of(P.run_ok(comfyui, prompt))
+    alone_latent = P.latent_of(comfyui, "5")
+    report = P.report_of(P.run_ok(comfyui, with_plan(prompt)))
+    assert report["split"] == alone["split"] and report["parallel"]["workers"] == 2
+    assert near_one_process(P.latent_of(comfyui, "5"), alone_latent)
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """The other Wan2.2 A14B variants through the bridge, on tiny stand-ins in ComfyUI's own layout with ComfyUI's
 own conditioning nodes, against the native graph on the same files: Fun-InP (image-to-video layout, boundary
-0.900) and Fun-Control (52 channels, a reference image's tokens in front of the sequence) run; VACE is refused
-by name, saying why."""
+0.900), Fun-Control (52 channels, a reference image's tokens in front of the sequence) and Fun-Camera (the
+image-to-video layout, a camera adapter before the blocks) run; VACE is refused by name, saying why."""
 
 import os
 
@@ -10,13 +10,18 @@ import pytest
 import torch
 from PIL import Image
 
-from .prompts import (CACHING, FINAL, TINY_VAE, bridged, diffusion_models, failed_at_run, latent_of, loader,
-                      native_prompt, our_prompt, report_of, run_ok, text_folder)
+from devtools import tiny_wan
+
+from .cache_state import leftovers
+from .prompts import (CACHING, FINAL, TINY_VAE, bridged, cache_model_node, diffusion_models, failed_at_run, latent_of,
+                      loader, native_prompt, our_prompt, report_of, run_ok, text_folder, with_model_caches)
 
 RUN = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4, cfg=(3.5, 3.5))
+MODEL_CACHING = {"residual_diff_threshold": CACHING["residual_diff_threshold"], "warmup_steps": 1}  # as CACHING
 CONDITIONING = {  # ComfyUI's node for each variant, and its image inputs
     "fun_inpaint": ("WanFunInpaintToVideo", ("start_image",)),
     "fun_control": ("Wan22FunControlToVideo", ("ref_image", "control_video")),
+    "fun_camera": ("WanCameraImageToVideo", ("start_image",)),
 }
 
 
@@ -35,6 +40,10 @@ def conditioned(prompt, samplers, variant, image):
     p["114"] = {"class_type": kind, "inputs": {"positive": ["3", 0], "negative": ["3", 1], "vae": ["113", 0],
                                                "width": 64, "height": 64, "length": 5, "batch_size": 1,
                                                **{name: ["112", 0] for name in images}}}
+    if variant == "fun_camera":  # ComfyUI's camera path for the same size
+        p["115"] = {"class_type": "WanCameraEmbedding", "inputs": {"camera_pose": "Zoom In", "width": 64, "height": 64,
+                                                                   "length": 5}}
+        p["114"]["inputs"]["camera_conditions"] = ["115", 0]
     for node in samplers:
         p[node] = {**p[node], "inputs": {**p[node]["inputs"], "positive": ["114", 0], "negative": ["114", 1]}}
     p[samplers[0]]["inputs"]["latent_image"] = ["114", 2]
@@ -49,8 +58,9 @@ def test_fun_experts_run_through_the_bridge_equal_to_native(comfyui, tiny_models
     report = report_of(result)
     assert report["boundary_ratio"] == 0.9 and 0 < report["split"]["high"] < RUN["steps"]
     model = diffusion_models(comfyui)["high"]
-    assert model.patch_embedding.in_channels == {"fun_inpaint": 36, "fun_control": 52}[variant]
+    assert model.patch_embedding.in_channels == {"fun_inpaint": 36, "fun_control": 52, "fun_camera": 36}[variant]
     assert (model.ref_conv is not None) == (variant == "fun_control")
+    assert (type(model).__name__ == "CameraWanModel") == (variant == "fun_camera")
     ours = latent_of(comfyui, FINAL["ours"])
     native = native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], **RUN)
     run_ok(comfyui, conditioned(native, ["16", "17"], variant, image))
@@ -58,6 +68,45 @@ def test_fun_experts_run_through_the_bridge_equal_to_native(comfyui, tiny_models
     report = report_of(run_ok(comfyui, conditioned(our_prompt(bridged(high, low), text_folder(tiny_models),
                                                               cache=CACHING, **RUN), ["5"], variant, image)))
     assert report["cache"]["high"]["cached_steps"] or report["cache"]["low"]["cached_steps"]
+
+
+def test_fun_camera_experts_cache_on_the_pack_loader_and_on_comfyuis_graph_repeat_and_leave_nothing(
+        comfyui, tiny_models, variant_experts, image):
+    """Fun-Camera A14B (ComfyUI's CameraWanModel: its camera adapter added to the patch embedding, then WanModel's
+    block loop) through Load Wan2.2 Experts and the sampler's Cache-DiT, and through ComfyUI's own two
+    KSamplerAdvanced with the Cache-DiT MODEL node on each expert: each caches, seeds A, B, A give A bit for bit,
+    and nothing of the cache stays on either model. (Uncached through the bridge, it equals ComfyUI's graph: the
+    test above.)"""
+    high, low = variant_experts[("fun_camera", "high")], variant_experts[("fun_camera", "low")]
+    ours, native = [], []
+    for seed in (4, 5, 4):
+        run = {**RUN, "seed": seed}
+        report = report_of(run_ok(comfyui, conditioned(our_prompt(loader(high, low), text_folder(tiny_models),
+                                                                  cache=CACHING, **run), ["5"], "fun_camera", image)))
+        assert report["cache"]["high"]["cached_steps"] and report["cache"]["low"]["cached_steps"], report["cache"]
+        ours.append(latent_of(comfyui, FINAL["ours"]))
+        graph = with_model_caches(native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"],
+                                                **run), high=MODEL_CACHING, low=MODEL_CACHING)
+        run_ok(comfyui, conditioned(graph, ["16", "17"], "fun_camera", image))
+        native.append(latent_of(comfyui, FINAL["native"]))
+        models = {**diffusion_models(comfyui), **{f"unet {n}": comfyui.cached_output(n)[0][0].model.diffusion_model
+                                                   for n in ("10", "11")}}
+        assert {type(m).__name__ for m in models.values()} == {"CameraWanModel"}
+        assert all(leftovers(m) == [] for m in models.values())
+    for latents in (ours, native):
+        assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
+    uncached = native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], **RUN)
+    run_ok(comfyui, conditioned(uncached, ["16", "17"], "fun_camera", image))
+    assert not torch.equal(native[0], latent_of(comfyui, FINAL["native"])), "the MODEL node cached nothing"
+
+
+def test_fun_camera_experts_without_their_camera_path_are_refused(comfyui, tiny_models, variant_experts, image):
+    high, low = variant_experts[("fun_camera", "high")], variant_experts[("fun_camera", "low")]
+    prompt = conditioned(our_prompt(loader(high, low), text_folder(tiny_models), **RUN), ["5"], "fun_camera", image)
+    del prompt["114"]["inputs"]["camera_conditions"]
+    message = failed_at_run(comfyui, prompt)
+    assert message.startswith("positive: the Fun-Camera experts need a start image and a camera path") and (
+        "WanCameraImageToVideo" in message and "WanCameraEmbedding" in message), message
 
 
 def test_fun_control_experts_without_their_control_latent_are_refused(comfyui, tiny_models, variant_experts):
@@ -79,3 +128,26 @@ def test_vace_experts_are_refused_by_name_saying_why(comfyui, tiny_models, varia
             message = " | ".join(result.node_error_details(node))
         assert "is a Wan2.2 VACE expert, which the pack refuses: VACE adds its control hints" in message, message
         assert "a block cache that skips those blocks would drop the hints" in message
+
+
+@pytest.mark.parametrize("kind, class_name, drops", [("s2v", "WanModel_S2V", "the audio's change"),
+                                                     ("animate", "AnimateWanModel", "the face's change")])
+def test_s2v_and_animate_are_refused_by_the_cache_and_the_bridge_saying_what_a_cache_would_drop(
+        comfyui, tiny_models, kind, class_name, drops):
+    """S2V-14B and Animate-14B (tiny files from ComfyUI's own classes, loaded by Load Diffusion Model) add work
+    between the blocks (the audio injector; the face adapter every fifth block), which a block cache runs as one
+    unit: the Cache-DiT MODEL node refuses them naming the model and what a cached step would drop, and the
+    experts bridge refuses them as no A14B expert, saying the same."""
+    name = f"wan2.2_{kind}_14B_tiny_fp16.safetensors"
+    tiny_wan.write_comfy_variant(os.path.join(tiny_models["dir"], "diffusion_models", name), kind)
+    unet = {"class_type": "UNETLoader", "inputs": {"unet_name": name, "weight_dtype": "default"}}
+    cached = {"10": unet, "60": cache_model_node(["10", 0]),
+              "61": {"class_type": "PreviewAny", "inputs": {"source": ["60", 0]}}}
+    message = failed_at_run(comfyui, cached)
+    assert message.startswith(f"model: Wan2.2 Cache-DiT (MODEL) cannot cache {class_name}: ") and drops in message
+    assert "run it without Cache-DiT, with ComfyUI's own nodes" in message, message
+    bridge = {"10": unet, "70": {"class_type": "Wan22ExpertsFromModel", "inputs": {"high_noise_model": ["10", 0]}},
+              "71": {"class_type": "PreviewAny", "inputs": {"source": ["70", 0]}}}
+    message = failed_at_run(comfyui, bridge)
+    assert message.startswith("high_noise_model: the MODEL given to high_noise_model is not a Wan2.2 A14B expert "
+                              f"(it is a Wan {kind} model; and Cache-DiT could not cache it: ") and drops in message
