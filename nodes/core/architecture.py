@@ -14,9 +14,13 @@ from .errors import Wan22InputError
 HEAD_DIM = 128  # Wan's attention head width: ComfyUI derives num_heads = dim // 128 the same way
 # In-channels: 16 noise; image-to-video (and Fun-InP, the same layout) adds 4 mask + 16 start-image channels;
 # Fun-Control adds 16 control-video + 4 mask + 16 start-image channels (Wan22FunControlToVideo's layout).
-TASKS = {16: "t2v", 36: "i2v", 52: "fun_control"}
-TASK_WORDS = {"t2v": "text-to-video", "i2v": "image-to-video", "fun_control": "Fun-Control"}
-TASK_LABELS = {"t2v": "T2V", "i2v": "I2V", "fun_control": "Fun-Control"}
+# 48: TI2V-5B, one transformer (not a pair of experts) on the Wan2.2 VAE's 48-channel latent, its start image in
+# the latent itself (Wan22ImageToVideoLatent).
+TASKS = {16: "t2v", 36: "i2v", 52: "fun_control", 48: "ti2v"}
+TASK_WORDS = {"t2v": "text-to-video", "i2v": "image-to-video", "fun_control": "Fun-Control",
+              "ti2v": "TI2V-5B text-and-image-to-video"}
+TASK_LABELS = {"t2v": "T2V", "i2v": "I2V", "fun_control": "Fun-Control", "ti2v": "TI2V-5B"}
+SINGLE = "ti2v"  # the task of a model that is one transformer: it runs alone
 # ref_conv: Fun-Control's reference image embedding (ComfyUI puts its tokens in front of the sequence);
 # control_adapter: Fun-Camera's camera adapter (ComfyUI's CameraWanModel adds it to the patch embedding, before the
 # block loop, which is the plain one: the cache applies unchanged)
@@ -88,7 +92,7 @@ def check_task(in_channels: int, input_name: str, what: str) -> None:
     if in_channels not in TASKS:
         raise not_an_expert(input_name, what, f"{in_channels} input channels; the A14B experts have 16 "
                                               "(text-to-video), 36 (image-to-video, Fun-InP) or 52 (Fun-Control), "
-                                              "the 5B model has 48 and is a single transformer")
+                                              "TI2V-5B has 48")
 
 
 def vace_expert(input_name: str, what: str) -> Wan22InputError:
@@ -130,6 +134,10 @@ def check_matching(architectures: dict[str, ExpertArchitecture], names: dict[str
     if len(architectures) < 2:
         return
     high, low = architectures["high"], architectures["low"]
+    if SINGLE in (high.task, low.task):
+        raise Wan22InputError(input_name, f"{names['high'] if high.task == SINGLE else names['low']} is TI2V-5B, one "
+                                          "transformer rather than a pair of experts: load it in one input and leave "
+                                          "the other empty")
     for field, label in (("in_channels", "in-channels"), ("dim", "width"), ("num_layers", "depth (layers)"),
                          ("ffn_dim", "feed-forward width"), ("text_dim", "text width"),
                          ("out_channels", "out-channels"), ("camera", "camera adapter")):

@@ -20,7 +20,8 @@ EXPERT_INPUTS = {"high": "high_noise_model", "low": "low_noise_model"}
 NONE = "none"
 
 # Official Wan2.2 A14B boundaries, by task.
-DEFAULT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900, "fun_control": 0.900}  # Fun models train on the I2V split
+# Fun models train on the I2V split; TI2V-5B runs alone, so it takes every step whatever its boundary.
+DEFAULT_BOUNDARY = {"t2v": 0.875, "i2v": 0.900, "fun_control": 0.900, "ti2v": 0.875}
 
 
 @dataclass(frozen=True)

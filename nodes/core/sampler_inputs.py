@@ -7,7 +7,8 @@ from __future__ import annotations
 from .architecture import ExpertArchitecture
 from .errors import Wan22InputError
 
-LATENT_CHANNELS = 16  # the Wan 2.1 VAE's latent, which both A14B tasks use
+LATENT_CHANNELS = 16  # the Wan 2.1 VAE's latent, which the A14B experts use
+SINGLE_LATENT_CHANNELS = 48  # the Wan2.2 VAE's latent, which TI2V-5B uses
 
 
 def check_conditioning(conditioning, input_name: str, architecture: ExpertArchitecture) -> None:
@@ -31,6 +32,10 @@ def check_conditioning(conditioning, input_name: str, architecture: ExpertArchit
         if architecture.task == "fun_control" and not has_image:
             raise Wan22InputError(input_name, "the Fun-Control experts need their control latent: pass positive and "
                                               "negative through Wan22FunControlToVideo")
+        if architecture.task == "ti2v" and has_image:
+            raise Wan22InputError(input_name, "carries a start image for the A14B image-to-video experts (from "
+                                              "WanImageToVideo), but TI2V-5B takes its start image in the latent: use "
+                                              "Wan22ImageToVideoLatent with a start_image instead")
         if architecture.task == "t2v" and has_image:
             raise Wan22InputError(input_name, "carries an image-to-video start image (from WanImageToVideo), but "
                                               "the experts are text-to-video: load the Wan2.2 I2V experts, or use "
@@ -45,9 +50,12 @@ def check_latent(latent, architecture: ExpertArchitecture) -> None:
         raise Wan22InputError("latent_image", f"has shape {list(samples.shape)}; Wan2.2 takes a video latent "
                                               "[batch, 16, frames, height/8, width/8]: use EmptyHunyuanLatentVideo "
                                               "(length 1 for a single image) or WanImageToVideo")
-    if samples.shape[1] != LATENT_CHANNELS:
+    if architecture.task == "ti2v" and samples.shape[1] != SINGLE_LATENT_CHANNELS:
+        raise Wan22InputError("latent_image", f"has {samples.shape[1]} channels; TI2V-5B takes the 48-channel Wan2.2 "
+                                              "VAE latent: use Wan22ImageToVideoLatent with the Wan2.2 VAE")
+    if architecture.task != "ti2v" and samples.shape[1] != LATENT_CHANNELS:
         raise Wan22InputError("latent_image", f"has {samples.shape[1]} channels; the A14B experts take the "
-                                              "16-channel Wan 2.1 VAE latent (48 channels is the 5B model's VAE)")
+                                              "16-channel Wan 2.1 VAE latent (48 channels is TI2V-5B's VAE)")
 
 
 def check_sampler_inputs(architecture: ExpertArchitecture, positive, negative, latent) -> None:

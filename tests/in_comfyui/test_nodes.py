@@ -319,9 +319,11 @@ def test_a_model_that_is_not_a_wan_transformer_is_refused_naming_the_input(comfy
     assert "Flux" in message
 
 
-def test_a_wan_model_that_is_not_an_a14b_expert_is_refused(comfyui, tiny_models):
-    message = failed_at_run(comfyui, schedule_prompt(bridged(high=tiny_models["broken"]["wan_5b"])))
-    assert message.startswith("high_noise_model:") and "48 input channels" in message and "5B" in message
+def test_ti2v_5b_beside_an_expert_is_refused_as_one_transformer(comfyui, tiny_models):
+    five_b = tiny_models["broken"]["wan_5b"]
+    message = failed_at_run(comfyui, schedule_prompt(bridged(high=five_b, low=tiny_models["names"][("t2v", "low",
+                                                                                                     "fp16")])))
+    assert message.startswith("low_noise_model: ") and "is TI2V-5B, one transformer rather than a pair" in message
 
 
 @pytest.mark.parametrize("low,fragment", [(("i2v", "low", "fp16"), "in-channels 16 in"), ("wide", "width 128 in"),

@@ -14,7 +14,8 @@ from devtools import tiny_wan
 
 from .cache_state import leftovers
 from .prompts import (CACHING, FINAL, TINY_VAE, bridged, cache_model_node, diffusion_models, failed_at_run, latent_of,
-                      loader, native_prompt, our_prompt, report_of, run_ok, text_folder, with_model_caches)
+                      loader, native_prompt, one_ksampler_prompt, our_prompt, report_of, run_ok, text_folder,
+                      with_model_caches)
 
 RUN = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4, cfg=(3.5, 3.5))
 MODEL_CACHING = {"residual_diff_threshold": CACHING["residual_diff_threshold"], "warmup_steps": 1}  # as CACHING
@@ -151,3 +152,38 @@ def test_s2v_and_animate_are_refused_by_the_cache_and_the_bridge_saying_what_a_c
     message = failed_at_run(comfyui, bridge)
     assert message.startswith("high_noise_model: the MODEL given to high_noise_model is not a Wan2.2 A14B expert "
                               f"(it is a Wan {kind} model; and Cache-DiT could not cache it: ") and drops in message
+
+
+def with_5b_latent(prompt: dict) -> dict:
+    """The run's latent from Wan22ImageToVideoLatent, as the official TI2V-5B template makes it: 48 channels at a
+    sixteenth of the size (its VAE input is read only for a start image)."""
+    p = dict(prompt)
+    p["113"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
+    p["4"] = {"class_type": "Wan22ImageToVideoLatent", "inputs": {"vae": ["113", 0], "width": 64, "height": 64,
+                                                                  "length": 5, "batch_size": 1}}
+    return p
+
+
+def test_ti2v_5b_runs_alone_equal_to_comfyuis_ksampler_and_its_cache_repeats_and_leaves_nothing(comfyui, tiny_models):
+    """TI2V-5B is one transformer: on either input of the bridge or the loader it takes every step, one stage
+    bit-identical to ComfyUI's own KSampler graph on the same file (the official 5B template's shape); with the
+    sampler's Cache-DiT it caches, repeats seeds A, B, A bit for bit and leaves nothing on the model."""
+    name = tiny_models["broken"]["wan_5b"]
+    run = dict(sampler="euler", steps=6, flow_shift=5.0)
+    for experts, split in ((bridged(low=name), {"high": 0, "low": 6}), (loader(high=name), {"high": 6, "low": 0})):
+        report = report_of(run_ok(comfyui, with_5b_latent(our_prompt(experts, text_folder(tiny_models), seed=4,
+                                                                     cfg=(3.5, 3.5), **run))))
+        assert report["split"] == split
+        ours = latent_of(comfyui, FINAL["ours"])
+        assert ours.shape[1] == 48
+        run_ok(comfyui, with_5b_latent(one_ksampler_prompt(name, text_folder(tiny_models), seed=4, cfg=3.5, **run)))
+        assert torch.equal(ours, latent_of(comfyui, "17"))
+    latents = []
+    for seed in (4, 5, 4):
+        report = report_of(run_ok(comfyui, with_5b_latent(our_prompt(loader(low=name), text_folder(tiny_models),
+                                                                     seed=seed, cfg=(3.5, 3.5), cache=CACHING,
+                                                                     **run))))
+        assert report["cache"]["low"]["cached_steps"], report["cache"]
+        latents.append(latent_of(comfyui, FINAL["ours"]))
+        assert all(leftovers(m) == [] for m in diffusion_models(comfyui).values())
+    assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
