@@ -167,7 +167,8 @@ def with_5b_latent(prompt: dict) -> dict:
 def test_ti2v_5b_runs_alone_equal_to_comfyuis_ksampler_and_its_cache_repeats_and_leaves_nothing(comfyui, tiny_models):
     """TI2V-5B is one transformer: on either input of the bridge or the loader it takes every step, one stage
     bit-identical to ComfyUI's own KSampler graph on the same file (the official 5B template's shape); with the
-    sampler's Cache-DiT it caches, repeats seeds A, B, A bit for bit and leaves nothing on the model."""
+    sampler's Cache-DiT, and with the Cache-DiT MODEL node on that KSampler, it caches, repeats bit for bit and
+    leaves nothing on the model."""
     name = tiny_models["broken"]["wan_5b"]
     run = dict(sampler="euler", steps=6, flow_shift=5.0)
     for experts, split in ((bridged(low=name), {"high": 0, "low": 6}), (loader(high=name), {"high": 6, "low": 0})):
@@ -187,3 +188,12 @@ def test_ti2v_5b_runs_alone_equal_to_comfyuis_ksampler_and_its_cache_repeats_and
         latents.append(latent_of(comfyui, FINAL["ours"]))
         assert all(leftovers(m) == [] for m in diffusion_models(comfyui).values())
     assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
+    # the Cache-DiT MODEL node on ComfyUI's own KSampler: caches (differs from the uncached run) and repeats
+    native = []
+    for seed, settings in ((4, None), (4, MODEL_CACHING), (5, MODEL_CACHING), (4, MODEL_CACHING)):
+        graph = one_ksampler_prompt(name, text_folder(tiny_models), seed=seed, cfg=3.5, **run)
+        run_ok(comfyui, with_5b_latent(with_model_caches(graph, high=settings)))
+        native.append(latent_of(comfyui, "17"))
+    assert not torch.equal(native[0], native[1]) and torch.equal(native[1], native[3])
+    assert not torch.equal(native[1], native[2])
+    assert leftovers(comfyui.cached_output("10")[0][0].model.diffusion_model) == []
