@@ -155,6 +155,7 @@ def test_a_budgets_calibration_without_the_plan_releases_the_warm_workers(comfyu
     assert "5" not in needed and comfyui.worker_pids() == [] and no_process_left(pids) == []
 
 
+@pytest.mark.slow  # 40 steps twice on the workers (make test keeps the cached split of test_parallel_any.py)
 def test_cached_run_decides_as_one_process(comfyui, tiny_models, parallel_experts):
     """euler/simple, 40 steps, flow shift 5 then 12 on the same warm workers: every rank's contexts, read
     from cache-dit inside the worker while its stage ran, are one fresh context per stage, every rank has the
