@@ -109,6 +109,11 @@ def write_single_file(model: WanTransformer3DModel, path: str, fmt: str = "fp16"
 
 CAMERA_CHANNELS = 24  # the camera embedding's channels per pixel (WanCameraEmbedding: Plücker rays), ComfyUI's default
 
+def random_half(g: torch.Generator, shape) -> torch.Tensor:
+    """Small random fp16 weights (N(0, 0.05)) for the parts a variant adds to a tiny model."""
+    return (torch.randn(*shape, generator=g) * 0.05).to(torch.float16)
+
+
 def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) -> dict[str, torch.Tensor]:
     """fp16 single-file tensors of `model` with what the variant adds, random: `fun_control` (a 52-channel
     model) gets `ref_conv` (the reference latent's 16 channels to the width, on 2x2 patches), `fun_camera` (a
@@ -120,7 +125,7 @@ def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) 
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
-        return (torch.randn(*shape, generator=g) * 0.05).to(torch.float16)
+        return random_half(g, shape)
 
     if variant == "fun_control":
         tensors[PREFIX + "ref_conv.weight"], tensors[PREFIX + "ref_conv.bias"] = rand(dim, 16, 2, 2), rand(dim)
@@ -170,8 +175,7 @@ def write_comfy_variant(path: str, kind: str, seed: int = 61) -> str:
     module, name, arguments = COMFY_VARIANTS[kind]
     model = getattr(importlib.import_module(module), name)(operations=comfy.ops.disable_weight_init, **arguments)
     g = torch.Generator().manual_seed(seed)
-    tensors = {PREFIX + key: (torch.randn(value.shape, generator=g) * 0.05).to(torch.float16)
-               for key, value in model.state_dict().items()}
+    tensors = {PREFIX + key: random_half(g, value.shape) for key, value in model.state_dict().items()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     save_file(tensors, path, metadata={"format": "pt"})
     return path
