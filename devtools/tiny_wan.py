@@ -107,6 +107,7 @@ def write_single_file(model: WanTransformer3DModel, path: str, fmt: str = "fp16"
 # embedding), Fun-Camera (an image-to-video model with a camera adapter) and VACE (VACE blocks beside the main
 # ones). Fun-InP has the image-to-video layout (36 channels).
 
+VACE_CHANNELS, VACE_BLOCKS = 96, 2  # VACE's control channels (16 frames + 16 reactive frames + 64 mask), its blocks
 CAMERA_CHANNELS = 24  # the camera embedding's channels per pixel (WanCameraEmbedding: Plücker rays), ComfyUI's default
 
 def random_half(g: torch.Generator, shape) -> torch.Tensor:
@@ -119,7 +120,8 @@ def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) 
     model) gets `ref_conv` (the reference latent's 16 channels to the width, on 2x2 patches), `fun_camera` (a
     36-channel model) gets `control_adapter` (the camera embedding, unshuffled by 8, to the width on 2x2 patches,
     and one residual block of two 3x3 convolutions), `vace` gets a VACE patch embedding (96 channels: VACE frames
-    and masks) and one VACE block (a block with its in/out projections)."""
+    and masks) and two VACE blocks (each a perturbed copy of a main block with its projections: before_proj on the
+    first only), which a 4-layer model adds after blocks 0 and 2."""
     tensors, _ = single_file_tensors(model, "fp16")
     dim = model.config.num_attention_heads * model.config.attention_head_dim
     g = torch.Generator().manual_seed(seed)
@@ -137,13 +139,14 @@ def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) 
             tensors[f"{adapter}residual_blocks.0.{conv}.weight"] = rand(dim, dim, 3, 3)
             tensors[f"{adapter}residual_blocks.0.{conv}.bias"] = rand(dim)
     elif variant == "vace":
-        tensors[PREFIX + "vace_patch_embedding.weight"] = rand(dim, 96, 1, 2, 2)
+        tensors[PREFIX + "vace_patch_embedding.weight"] = rand(dim, VACE_CHANNELS, 1, 2, 2)
         tensors[PREFIX + "vace_patch_embedding.bias"] = rand(dim)
-        for name in [k for k in tensors if k.startswith(PREFIX + "blocks.0.")]:
-            tensors[name.replace("blocks.0.", "vace_blocks.0.")] = tensors[name].clone()
-        for proj in ("before_proj", "after_proj"):
-            tensors[f"{PREFIX}vace_blocks.0.{proj}.weight"] = rand(dim, dim)
-            tensors[f"{PREFIX}vace_blocks.0.{proj}.bias"] = rand(dim)
+        for k in range(VACE_BLOCKS):  # ComfyUI maps VACE block k after main block k * (layers // VACE_BLOCKS)
+            for name in [n for n in tensors if n.startswith(f"{PREFIX}blocks.{k}.")]:
+                tensors[name.replace(f"blocks.{k}.", f"vace_blocks.{k}.")] = tensors[name] + rand(*tensors[name].shape)
+            for proj in ("before_proj", "after_proj") if k == 0 else ("after_proj",):
+                tensors[f"{PREFIX}vace_blocks.{k}.{proj}.weight"] = rand(dim, dim)
+                tensors[f"{PREFIX}vace_blocks.{k}.{proj}.bias"] = rand(dim)
     else:
         raise ValueError(f"unknown variant {variant!r}")
     return tensors

@@ -31,8 +31,8 @@ class Wan22ExpertsFromModel(io.ComfyNode):
             category=CATEGORY,
             description="Makes the experts handle from native MODELs: Load Diffusion Model, a GGUF loader, after "
                         "LoRA loaders or model patches. Either may be left unconnected: every step then runs on "
-                        "the other. The MODELs are not changed. The Fun-InP, Fun-Control and Fun-Camera experts "
-                        "connect the same way; TI2V-5B is one transformer: connect it alone.",
+                        "the other. The MODELs are not changed. The Fun-InP, Fun-Control, Fun-Camera and VACE-Fun "
+                        "experts connect the same way; TI2V-5B is one transformer: connect it alone.",
             inputs=[
                 io.Model.Input("high_noise_model", optional=True,
                                tooltip="The high-noise expert's MODEL (runs the steps whose sigma is at or above the "

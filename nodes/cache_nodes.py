@@ -199,17 +199,17 @@ def show_on_canvas(node_id: str | None, text: str) -> None:
 
 
 def wan_diffusion_model(model):
-    """The MODEL's diffusion model, which must be ComfyUI's own Wan transformer, or its Fun-Camera one (whose
-    camera adapter runs before the block loop, which is WanModel's): other subclasses (VACE, S2V, Animate) add work
-    between the blocks that the cached loop would drop."""
-    from comfy.ldm.wan.model import CameraWanModel, WanModel
+    """The MODEL's diffusion model, which must be ComfyUI's own Wan transformer, its Fun-Camera one (whose
+    camera adapter runs before the block loop, which is WanModel's) or its VACE one (whose hints the cache keeps:
+    vace_hints.py): other subclasses (S2V, Animate) add work between the blocks that the cached loop would drop."""
+    from comfy.ldm.wan.model import CameraWanModel, VaceWanModel, WanModel
 
     diffusion_model = model.get_model_object("diffusion_model")
     why = between_blocks(type(diffusion_model).__name__)
     if why is not None:
         raise Wan22InputError("model", f"{MODEL_NODE} cannot cache {type(diffusion_model).__name__}: {why}; "
                                        f"{UNCACHED_HINT}")
-    if type(diffusion_model) not in (WanModel, CameraWanModel):
+    if type(diffusion_model) not in (WanModel, CameraWanModel, VaceWanModel):
         raise Wan22InputError("model", f"{MODEL_NODE} caches ComfyUI's Wan2.2 transformer (WanModel), not "
                                        f"{type(diffusion_model).__name__}: connect a Wan2.2 A14B expert's MODEL")
     return diffusion_model

@@ -7,8 +7,7 @@ import comfy.ldm.wan.model
 import comfy.model_base
 
 from .core import experts as core_experts
-from .core.architecture import (ExpertArchitecture, between_blocks, check_matching, check_task, not_an_expert,
-                                vace_expert)
+from .core.architecture import ExpertArchitecture, between_blocks, check_matching, check_task, not_an_expert
 from .core.errors import Wan22InputError
 
 UNKNOWN_SOURCE = "MODEL"  # what the report names when nothing says which file a MODEL came from
@@ -25,10 +24,9 @@ def architecture_of(model, input_name: str) -> ExpertArchitecture:
                                           "the high-noise or low-noise expert of Wan2.2 A14B, e.g. from Load "
                                           "Diffusion Model")
     config = base.model_config.unet_config
-    if config.get("model_type") == "vace":
-        raise vace_expert(input_name, what)
-    # camera_2.2: Wan2.2 Fun-Camera (CameraWanModel, its adapter before the plain block loop)
-    if config.get("model_type") not in ("t2v", "i2v", "camera_2.2"):
+    # camera_2.2: Wan2.2 Fun-Camera (CameraWanModel, its adapter before the plain block loop); vace: VACE-Fun
+    # (VaceWanModel, its hints after given blocks: vace_hints.py keeps them when cached)
+    if config.get("model_type") not in ("t2v", "i2v", "camera_2.2", "vace"):
         why = between_blocks(model_type=config.get("model_type"))
         raise not_an_expert(input_name, what, f"it is a Wan {config.get('model_type')} model"
                                               + (f"; and Cache-DiT could not cache it: {why}" if why else ""))
@@ -37,7 +35,8 @@ def architecture_of(model, input_name: str) -> ExpertArchitecture:
     return ExpertArchitecture(dim=config["dim"], num_layers=config["num_layers"], in_channels=config["in_dim"],
                               out_channels=config["out_dim"], ffn_dim=config["ffn_dim"],
                               text_dim=getattr(text, "in_features", None) or config.get("text_dim", 4096),
-                              camera=config.get("model_type") == "camera_2.2")
+                              camera=config.get("model_type") == "camera_2.2",
+                              vace_layers=(config.get("vace_layers") or 0) if config.get("model_type") == "vace" else 0)
 
 
 def experts_handle(models: dict, sources: dict[str, str] | None = None, declared_boundary: float | None = None,

@@ -52,8 +52,8 @@ class Wan22ExpertLoader(io.ComfyNode):
             category=CATEGORY,
             description="Loads the high-noise and low-noise experts of Wan2.2 A14B from single files with ComfyUI's "
                         "own loader (as Load Diffusion Model does). Either may be 'none': every step then runs on "
-                        "the loaded one. The Fun-InP, Fun-Control and Fun-Camera experts load the same way; TI2V-5B "
-                        "is one transformer: load it in one input.",
+                        "the loaded one. The Fun-InP, Fun-Control, Fun-Camera and VACE-Fun experts load the same "
+                        "way; TI2V-5B is one transformer: load it in one input.",
             inputs=[
                 io.Combo.Input("high_noise_model", options=files, default=NONE,
                                tooltip="High-noise expert (runs the steps whose sigma is at or above the boundary), "

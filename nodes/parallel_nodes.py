@@ -9,6 +9,7 @@ import os
 from comfy_api.latest import io
 
 from .core import parallel as core
+from .core.errors import Wan22InputError
 from .types import CATEGORY, ExpertsType, linked_given, linked_only
 
 
@@ -78,6 +79,11 @@ class Wan22ParallelPlan(io.ComfyNode):
     def execute(cls, experts, workers, devices, ulysses_degree, cpu_threads=0,
                 split=core.SAVED_SPLIT) -> io.NodeOutput:
         linked_given(experts=experts)
+        if experts.architecture.vace_layers:
+            raise Wan22InputError("experts", "the experts are VACE-Fun, whose control stream the parallel plan does "
+                                             "not split (it cuts the token sequence at the first block; VACE's "
+                                             "blocks read the whole of it): run VACE without the Wan2.2 Parallel "
+                                             "Plan node")
         plan = core.make_plan(workers=workers, devices=devices, ulysses_degree=ulysses_degree,
                               cpu_threads=cpu_threads, gpus=gpus_here(), cpus=cpu_cores(),
                               cluster=bool(os.environ.get("RAY_ADDRESS")), split=split)

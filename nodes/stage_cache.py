@@ -27,6 +27,7 @@ from .core import cache as core
 from .core.errors import Wan22InputError
 from .core.schedule import STAGE_WORDS
 from .stage_calls import StageCalls
+from .vace_hints import VaceHints
 from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices
 
 KEY = "wan22_cache_dit"
@@ -141,6 +142,7 @@ class StageCache:
     A stage whose prompts or batching change after that is stopped rather than cached wrongly."""
 
     backend = cache_dit_backend  # the cache method: the one module that talks to it (a test swaps in a double)
+    vace_hints = "fresh"  # VACE-Fun's hints on cached steps (vace_hints.HINTS)
 
     def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF,
                  calls: StageCalls | None = None, share: float = 0.5):
@@ -166,6 +168,7 @@ class StageCache:
         self.held = None  # the tensors it held at the stage's end: {"bytes", "devices"}
         self.allowance = None  # the error criterion's share of the target, while the stage is cached by it
         self.sigmas_of, self.sigmas = None, ()  # the sampling's sigmas tensor, and it as floats (read once)
+        self.vace = None  # VACE-Fun's hints while the stage is cached (vace_hints.py)
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
@@ -203,6 +206,12 @@ class StageCache:
         failed = True
         try:
             if self.installed:
+                if hasattr(self.diffusion_model, "vace_layers_mapping"):
+                    layers = len(self.diffusion_model.blocks)
+                    self.vace = VaceHints(self.diffusion_model, (self.plan.first_compute_blocks,
+                                                                 layers - self.plan.last_compute_blocks),
+                                          self.vace_hints)
+                    self.vace.install()
                 self.backend.install(self.diffusion_model, self.plan, self.role, separate_cfg=False)
                 indexed.install()
                 if self.plan.criterion == "error":
@@ -220,6 +229,8 @@ class StageCache:
                 for counter in counters:
                     counter.remove()
                 indexed.remove()
+                if self.vace is not None:
+                    self.vace.remove()
                 self.backend.remove(self.diffusion_model)
             except Exception:
                 if not failed:
@@ -293,7 +304,14 @@ class StageCache:
         if self.allowance is not None:  # the call's sigma, and the sampling's, as ComfyUI's sampling marks them
             self.allowance.at(float(options["sigmas"].reshape(-1)[0]),
                               self.sampling_sigmas(options.get("sample_sigmas")))
-        return executor(*args, **kwargs)
+        if self.vace is None:
+            return executor(*args, **kwargs)
+        self.vace.begin(order, call_argument(executor, args, kwargs, "vace_context"),
+                        call_argument(executor, args, kwargs, "vace_strength"))
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            self.vace.end()
 
     def sampling_sigmas(self, sigmas) -> tuple[float, ...]:
         """The sampling's sigmas as floats: read from the tensor once per sampling (one device read), not on every
@@ -354,4 +372,6 @@ class StageCache:
         stats["cached"] = self.installed  # False: the stage ran without the cache (its note says why)
         stats["held_bytes"] = self.held["bytes"] if self.held else 0
         stats["held_on"] = self.held["devices"] if self.held else []
+        if self.vace is not None:  # VACE-Fun: the VACE blocks it ran beside the main ones, and how
+            stats["vace_hints"], stats["vace_block_forwards"] = self.vace.mode, self.vace.forwards
         return stats

@@ -24,14 +24,16 @@ SINGLE = "ti2v"  # the task of a model that is one transformer: it runs alone
 # ref_conv: Fun-Control's reference image embedding (ComfyUI puts its tokens in front of the sequence);
 # control_adapter: Fun-Camera's camera adapter (ComfyUI's CameraWanModel adds it to the patch embedding, before the
 # block loop, which is the plain one: the cache applies unchanged)
+# vace_*: VACE-Fun's control stream (ComfyUI's VaceWanModel): a patch embedding of the control frames and masks, and
+# VACE blocks whose hints are added after given main blocks (the cache keeps them fresh: nodes/vace_hints.py)
 WAN_TOP_LEVEL = {"patch_embedding", "text_embedding", "time_embedding", "time_projection", "blocks", "head", "ref_conv",
-                 "control_adapter"}
+                 "control_adapter", "vace_patch_embedding", "vace_blocks"}
 CAMERA_TENSOR = "control_adapter.conv.weight"
+VACE_TENSOR = "vace_patch_embedding.weight"
 # ComfyUI's Wan transformers whose forward adds work between the blocks (by class name, with the model type its
 # detection gives them), and what a block cache, which runs the blocks as one unit, would drop.
+# (VACE adds its control hints between the blocks too; the pack computes them on every step itself.)
 BETWEEN_BLOCKS = {
-    "VaceWanModel": ("vace", "VACE adds its control hints to the hidden state after given blocks, so a block cache "
-                             "that skips those blocks would drop the hints of every cached step"),
     "WanModel_S2V": ("s2v", "S2V injects the audio into the hidden state after given blocks (its audio injector), so "
                             "a block cache that skips those blocks would drop the audio's change on every cached "
                             "step"),
@@ -40,7 +42,6 @@ BETWEEN_BLOCKS = {
                                    "every cached step"),
 }
 UNCACHED_HINT = "run it without Cache-DiT, with ComfyUI's own nodes"
-VACE_WHY = f"{BETWEEN_BLOCKS['VaceWanModel'][1]}: {UNCACHED_HINT} (KSamplerAdvanced)"
 
 
 def between_blocks(class_name: str = "", model_type: str = "") -> str | None:
@@ -63,6 +64,7 @@ class ExpertArchitecture:
     ffn_dim: int
     text_dim: int
     camera: bool = False  # a Fun-Camera expert (image-to-video with a camera adapter)
+    vace_layers: int = 0  # a VACE-Fun expert's VACE blocks (text-to-video layout with a control stream), else 0
 
     @property
     def task(self) -> str:
@@ -70,7 +72,7 @@ class ExpertArchitecture:
 
     @property
     def label(self) -> str:
-        return "Fun-Camera" if self.camera else TASK_LABELS[self.task]
+        return "Fun-Camera" if self.camera else "VACE-Fun" if self.vace_layers else TASK_LABELS[self.task]
 
     @property
     def heads(self) -> int:
@@ -78,8 +80,9 @@ class ExpertArchitecture:
         return self.dim // HEAD_DIM
 
     def describe(self) -> str:
-        camera = "Fun-Camera " if self.camera else ""
-        return (f"{camera}{TASK_WORDS[self.task]}, width {self.dim}, {self.num_layers} layers, "
+        kind = "Fun-Camera " if self.camera else "VACE-Fun " if self.vace_layers else ""
+        vace = f", {self.vace_layers} VACE blocks" if self.vace_layers else ""
+        return (f"{kind}{TASK_WORDS[self.task]}, width {self.dim}, {self.num_layers} layers{vace}, "
                 f"{self.in_channels} in-channels")
 
 
@@ -95,21 +98,15 @@ def check_task(in_channels: int, input_name: str, what: str) -> None:
                                               "TI2V-5B has 48")
 
 
-def vace_expert(input_name: str, what: str) -> Wan22InputError:
-    return Wan22InputError(input_name, f"{what} is a Wan2.2 VACE expert, which the pack refuses: {VACE_WHY}")
-
-
 def architecture_from_shapes(shapes: dict[str, list[int]], input_name: str, what: str) -> ExpertArchitecture:
     """The architecture of a single file's tensors (original Wan layout, prefix stripped)."""
     missing = [k for k in REQUIRED_TENSORS if k not in shapes]
     if missing:
         raise not_an_expert(input_name, what, f"missing tensor {missing[0]}" if shapes else "no tensors")
-    if any(name.startswith("vace_") for name in shapes):
-        raise vace_expert(input_name, what)
     extra = sorted({name.split(".")[0] for name in shapes} - WAN_TOP_LEVEL - {"scaled_fp8"})
     if extra:
         raise not_an_expert(input_name, what, f"unexpected tensors {', '.join(x + '.*' for x in extra[:4])}: Wan2.1 "
-                                              "image or VACE/animate variants are not Wan2.2 A14B experts")
+                                              "image, S2V or Animate models are not Wan2.2 A14B experts")
     patch = shapes["patch_embedding.weight"]  # [dim, in_channels, 1, 2, 2]
     dim = shapes["head.modulation"][-1]
     if len(patch) != 5 or patch[0] != dim or dim % HEAD_DIM:
@@ -121,10 +118,17 @@ def architecture_from_shapes(shapes: dict[str, list[int]], input_name: str, what
     if camera and TASKS[patch[1]] != "i2v":
         raise not_an_expert(input_name, what, f"a camera adapter on a {patch[1]}-channel model: the Wan2.2 Fun-Camera "
                                               "experts take 36 (image-to-video)")
+    vace_layers = len({m.group(1) for name in shapes if (m := re.match(r"vace_blocks\.(\d+)\.", name))})
+    if (VACE_TENSOR in shapes) != bool(vace_layers):
+        raise not_an_expert(input_name, what, "VACE tensors without both the VACE patch embedding and VACE blocks: "
+                                              "the Wan2.2 VACE-Fun experts have both")
+    if vace_layers and TASKS[patch[1]] != "t2v":
+        raise not_an_expert(input_name, what, f"VACE blocks on a {patch[1]}-channel model: the Wan2.2 VACE-Fun "
+                                              "experts take 16 (the text-to-video layout)")
     return ExpertArchitecture(dim=dim, num_layers=max(layers) + 1, in_channels=patch[1],
                               out_channels=shapes["head.head.weight"][0] // patch_volume,
                               ffn_dim=shapes["blocks.0.ffn.0.weight"][0], text_dim=shapes["text_embedding.0.weight"][1],
-                              camera=camera)
+                              camera=camera, vace_layers=vace_layers)
 
 
 def check_matching(architectures: dict[str, ExpertArchitecture], names: dict[str, str],
@@ -140,11 +144,13 @@ def check_matching(architectures: dict[str, ExpertArchitecture], names: dict[str
                                           "the other empty")
     for field, label in (("in_channels", "in-channels"), ("dim", "width"), ("num_layers", "depth (layers)"),
                          ("ffn_dim", "feed-forward width"), ("text_dim", "text width"),
-                         ("out_channels", "out-channels"), ("camera", "camera adapter")):
+                         ("out_channels", "out-channels"), ("camera", "camera adapter"),
+                         ("vace_layers", "VACE blocks")):
         a, b = getattr(high, field), getattr(low, field)
         if a != b:
             hint = {"in_channels": " (one is text-to-video, the other image-to-video)",
-                    "camera": " (one is a Fun-Camera expert, the other not)"}.get(field, "")
+                    "camera": " (one is a Fun-Camera expert, the other not)",
+                    "vace_layers": " (one is a VACE-Fun expert, the other not)"}.get(field, "")
             raise Wan22InputError(input_name, f"the experts do not match: {label} {a} in {names['high']} vs "
                                                      f"{b} in {names['low']}{hint}; use the high-noise and "
                                                      "low-noise experts of the same Wan2.2 model")

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+from safetensors.torch import save_file
 
 from devtools import tiny_wan
 from wan22_cachedit.nodes.core import checkpoint
@@ -113,6 +114,33 @@ def test_a_fun_camera_header_reads_as_image_to_video_with_its_adapter_and_matche
     assert "one is a Fun-Camera expert" in str(e)
     e = refusal(lambda: checkpoint.expert_architecture(paths["t2v_camera"], "high_noise_model"))
     assert "a camera adapter on a 16-channel model" in str(e) and e.input_name == "high_noise_model"
+
+
+def test_a_vace_header_reads_as_text_to_video_with_its_vace_blocks_and_matches_only_another(tmp_path):
+    """VACE-Fun's control stream (vace_patch_embedding.*, vace_blocks.*) on the text-to-video layout: a VACE-Fun
+    expert (task t2v, boundary 0.875, told apart by its VACE block count); paired with a plain text-to-video
+    expert, refused naming the VACE blocks; on another layout, or with half of the control stream, not an expert."""
+    paths = {}
+    for name, task, variant in (("vace", "t2v", "vace"), ("i2v_vace", "i2v", "vace"), ("plain", "t2v", None)):
+        model = tiny_wan.make_expert(task, 3)
+        paths[name] = str(tmp_path / f"{name}.safetensors")
+        (tiny_wan.write_variant(model, paths[name], variant) if variant else
+         tiny_wan.write_single_file(model, paths[name], "fp16"))
+    vace = checkpoint.expert_architecture(paths["vace"], "high_noise_model")
+    assert vace.vace_layers == tiny_wan.VACE_BLOCKS and vace.task == "t2v" and vace.label == "VACE-Fun"
+    assert vace.describe() == "VACE-Fun text-to-video, width 128, 4 layers, 2 VACE blocks, 16 in-channels"
+    plain = checkpoint.expert_architecture(paths["plain"], "low_noise_model")
+    assert plain.vace_layers == 0 and vace == dataclasses.replace(plain, vace_layers=2)
+    e = refusal(lambda: check_matching({"high": vace, "low": plain}, {"high": "vace", "low": "plain"}))
+    assert e.input_name == "low_noise_model" and "VACE blocks 2 in vace vs 0 in plain" in str(e)
+    assert "one is a VACE-Fun expert" in str(e)
+    e = refusal(lambda: checkpoint.expert_architecture(paths["i2v_vace"], "high_noise_model"))
+    assert "VACE blocks on a 36-channel model" in str(e) and e.input_name == "high_noise_model"
+    tensors = tiny_wan.variant_tensors(tiny_wan.make_expert("t2v", 3), "vace")
+    half = str(tmp_path / "half.safetensors")
+    save_file({k: v for k, v in tensors.items() if "vace_patch_embedding" not in k}, half)
+    e = refusal(lambda: checkpoint.expert_architecture(half, "low_noise_model"))
+    assert "without both the VACE patch embedding and VACE blocks" in str(e) and e.input_name == "low_noise_model"
 
 
 @pytest.mark.parametrize("choice,roles", [("both", {"high", "low"}), ("high_noise_only", {"high"}),

@@ -1,7 +1,8 @@
-"""The other Wan2.2 A14B variants through the bridge, on tiny stand-ins in ComfyUI's own layout with ComfyUI's
-own conditioning nodes, against the native graph on the same files: Fun-InP (image-to-video layout, boundary
-0.900), Fun-Control (52 channels, a reference image's tokens in front of the sequence) and Fun-Camera (the
-image-to-video layout, a camera adapter before the blocks) run; VACE is refused by name, saying why."""
+"""The other Wan2.2 variants through the bridge and the loaders, on tiny stand-ins in ComfyUI's own layout with
+ComfyUI's own conditioning nodes, against the native graph on the same files: Fun-InP (image-to-video layout,
+boundary 0.900), Fun-Control (52 channels, a reference image's tokens in front of the sequence), Fun-Camera (the
+image-to-video layout, a camera adapter before the blocks), VACE-Fun (a control stream whose hints are added after
+given blocks) and TI2V-5B (one transformer, 48 channels) run; S2V and Animate are refused by name, saying why."""
 
 import os
 
@@ -9,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 from devtools import tiny_wan
 
 from .cache_state import leftovers
-from .prompts import (CACHING, FINAL, TINY_VAE, bridged, cache_model_node, diffusion_models, failed_at_run, latent_of,
-                      loader, native_prompt, one_ksampler_prompt, our_prompt, report_of, run_ok, text_folder,
-                      with_model_caches)
+from .prompts import (CACHING, FINAL, NEVER, TINY_VAE, bridged, cache_model_node, diffusion_models, failed_at_run,
+                      latent_of, loader, native_prompt, one_ksampler_prompt, our_prompt, report_of, run_ok,
+                      text_folder, with_model_caches)
 
 RUN = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4, cfg=(3.5, 3.5))
 MODEL_CACHING = {"residual_diff_threshold": CACHING["residual_diff_threshold"], "warmup_steps": 1}  # as CACHING
@@ -23,7 +25,9 @@ CONDITIONING = {  # ComfyUI's node for each variant, and its image inputs
     "fun_inpaint": ("WanFunInpaintToVideo", ("start_image",)),
     "fun_control": ("Wan22FunControlToVideo", ("ref_image", "control_video")),
     "fun_camera": ("WanCameraImageToVideo", ("start_image",)),
+    "vace": ("WanVaceToVideo", ("control_video", "reference_image")),
 }
+TRIMMED = {"ours": "120", "native": "121"}  # VACE: the result after TrimVideoLatent, as ComfyUI's template trims it
 
 
 @pytest.fixture
@@ -45,13 +49,19 @@ def conditioned(prompt, samplers, variant, image):
         p["115"] = {"class_type": "WanCameraEmbedding", "inputs": {"camera_pose": "Zoom In", "width": 64, "height": 64,
                                                                    "length": 5}}
         p["114"]["inputs"]["camera_conditions"] = ["115", 0]
+    if variant == "vace":  # the reference image's latent frame leads the output: trimmed after the sampling
+        p["114"]["inputs"]["strength"] = 1.0
+        final = samplers[-1]
+        trim = TRIMMED["ours" if final == FINAL["ours"] else "native"]
+        p[trim] = {"class_type": "TrimVideoLatent", "inputs": {"samples": [final, 0], "trim_amount": ["114", 3]}}
+        p[trim + "1"] = {"class_type": "PreviewAny", "inputs": {"source": [trim, 0]}}  # an output: it runs
     for node in samplers:
         p[node] = {**p[node], "inputs": {**p[node]["inputs"], "positive": ["114", 0], "negative": ["114", 1]}}
     p[samplers[0]]["inputs"]["latent_image"] = ["114", 2]
     return p
 
 
-@pytest.mark.parametrize("variant", sorted(CONDITIONING))
+@pytest.mark.parametrize("variant", sorted(set(CONDITIONING) - {"vace"}))  # VACE: its own tests below
 def test_fun_experts_run_through_the_bridge_equal_to_native(comfyui, tiny_models, variant_experts, image, variant):
     high, low = variant_experts[(variant, "high")], variant_experts[(variant, "low")]
     result = run_ok(comfyui, conditioned(our_prompt(bridged(high, low), text_folder(tiny_models), **RUN), ["5"],
@@ -117,18 +127,116 @@ def test_fun_control_experts_without_their_control_latent_are_refused(comfyui, t
         "Wan22FunControlToVideo" in message)
 
 
-def test_vace_experts_are_refused_by_name_saying_why(comfyui, tiny_models, variant_experts):
+def test_vace_experts_uncached_equal_comfyuis_vace_graph_through_the_bridge_and_the_loader(
+        comfyui, tiny_models, variant_experts, image):
+    """VACE-Fun A14B (ComfyUI's VaceWanModel, here two VACE blocks after main blocks 0 and 2) with
+    WanVaceToVideo's control video and reference image, trimmed after the sampling as ComfyUI's template does:
+    the pack's sampler, with the experts from the bridge or from Load Wan2.2 Experts, equals ComfyUI's two
+    KSamplerAdvanced on the same files bit for bit; so does its Cache-DiT installed where it caches no step (the
+    hints then added by the pack after their blocks, not by ComfyUI's loop)."""
     high, low = variant_experts[("vace", "high")], variant_experts[("vace", "low")]
-    for prompt, node in ((our_prompt(bridged(high, low), text_folder(tiny_models), **RUN), None),
-                         (our_prompt(loader(high, low), text_folder(tiny_models), **RUN), "1")):
-        if node is None:
-            message = failed_at_run(comfyui, prompt)
-        else:
-            result = comfyui.run(prompt)
-            assert not result.valid
-            message = " | ".join(result.node_error_details(node))
-        assert "is a Wan2.2 VACE expert, which the pack refuses: VACE adds its control hints" in message, message
-        assert "a block cache that skips those blocks would drop the hints" in message
+    trimmed = []
+    for experts, cache in ((bridged(high, low), None), (loader(high, low), None), (loader(high, low), NEVER)):
+        report = report_of(run_ok(comfyui, conditioned(our_prompt(experts, text_folder(tiny_models), cache=cache,
+                                                                  **RUN), ["5"], "vace", image)))
+        assert report["boundary_ratio"] == 0.875 and 0 < report["split"]["high"] < RUN["steps"]
+        trimmed.append(latent_of(comfyui, TRIMMED["ours"]))
+    model = diffusion_models(comfyui)["high"]
+    assert type(model).__name__ == "VaceWanModel" and model.vace_layers_mapping == {0: 0, 2: 1}
+    native = native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], **RUN)
+    run_ok(comfyui, conditioned(native, ["16", "17"], "vace", image))
+    assert latent_of(comfyui, FINAL["native"]).shape[2] == trimmed[0].shape[2] + 1  # the reference frame, trimmed
+    for ours in trimmed:
+        assert torch.equal(ours, latent_of(comfyui, TRIMMED["native"]))
+
+
+def vace_models(comfyui) -> dict:
+    """The VACE transformers of the last run: the pack's experts and the native graph's UNETLoaders'."""
+    return {**diffusion_models(comfyui), **{f"unet {n}": comfyui.cached_output(n)[0][0].model.diffusion_model
+                                            for n in ("10", "11")}}
+
+
+def test_vace_experts_cache_on_the_pack_loader_and_on_comfyuis_graph_repeat_and_leave_nothing(
+        comfyui, tiny_models, variant_experts, image):
+    """VACE-Fun A14B cached by the sampler's Cache-DiT and by the Cache-DiT MODEL node on ComfyUI's own graph:
+    each caches, its hints fresh (every VACE block runs on every transformer call), seeds A, B, A give A bit for
+    bit, and nothing of the cache stays on the models (no hook, ComfyUI's own mapping of the hints back)."""
+    high, low = variant_experts[("vace", "high")], variant_experts[("vace", "low")]
+    ours, native = [], []
+    for seed in (4, 5, 4):
+        run = {**RUN, "seed": seed}
+        report = report_of(run_ok(comfyui, conditioned(our_prompt(loader(high, low), text_folder(tiny_models),
+                                                                  cache=CACHING, **run), ["5"], "vace", image)))
+        for role in ("high", "low"):
+            stats = report["cache"][role]
+            assert stats["cached_steps"] and stats["vace_hints"] == "fresh", stats
+            calls = stats["block_forwards_without_cache"] // 4  # the transformer calls (4 blocks each)
+            assert stats["vace_block_forwards"] == tiny_wan.VACE_BLOCKS * calls, stats
+        ours.append(latent_of(comfyui, TRIMMED["ours"]))
+        graph = with_model_caches(native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"],
+                                                **run), high=MODEL_CACHING, low=MODEL_CACHING)
+        run_ok(comfyui, conditioned(graph, ["16", "17"], "vace", image))
+        native.append(latent_of(comfyui, TRIMMED["native"]))
+        for name, model in vace_models(comfyui).items():
+            assert type(model).__name__ == "VaceWanModel" and model.vace_layers_mapping == {0: 0, 2: 1}, name
+            assert leftovers(model) == [], name
+    for latents in (ours, native):
+        assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
+    uncached = native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], **RUN)
+    run_ok(comfyui, conditioned(uncached, ["16", "17"], "vace", image))
+    assert not torch.equal(native[0], latent_of(comfyui, TRIMMED["native"])), "the MODEL node cached nothing"
+
+
+def test_vace_experts_on_the_parallel_plan_are_refused_naming_the_experts(comfyui, variant_experts):
+    high, low = variant_experts[("vace", "high")], variant_experts[("vace", "low")]
+    prompt = {"1": loader(high, low),
+              "50": {"class_type": "Wan22ParallelPlan", "inputs": {"experts": ["1", 0], "workers": 2,
+                                                                   "devices": "auto", "ulysses_degree": 2,
+                                                                   "cpu_threads": 0}},
+              "51": {"class_type": "PreviewAny", "inputs": {"source": ["50", 0]}}}
+    message = failed_at_run(comfyui, prompt)
+    assert message.startswith("experts: the experts are VACE-Fun, whose control stream the parallel plan does not "
+                              "split") and "without the Wan2.2 Parallel Plan node" in message, message
+
+
+def identity_middle(tensors: dict) -> dict:
+    """A tiny model's tensors with main blocks 1 and up made the identity (their attention outputs and last
+    feed-forward layer zero: each adds exactly 0), so that all a cached step's residual carries is the hint after
+    block 2."""
+    zero = (".self_attn.o.", ".cross_attn.o.", ".ffn.2.")
+    return {name: torch.zeros_like(t) if (name.startswith(tiny_wan.PREFIX + "blocks.") and
+                                          not name.startswith(tiny_wan.PREFIX + "blocks.0.") and
+                                          any(part in name for part in zero)) else t for name, t in tensors.items()}
+
+
+def test_vace_fresh_hints_follow_the_control_on_cached_steps_where_cached_hints_lag(
+        comfyui, tiny_models, image, monkeypatch):
+    """On experts whose skippable main blocks add nothing but a hint, a cached step's output is the first block's
+    plus the cached residual, the hint of the step it was computed on: "fresh" adds the change of that hint since,
+    which makes the cached run the uncached one up to rounding; "cached" leaves it a step or more old. The same
+    steps are cached either way, and "cached" runs the VACE blocks of skipped blocks only on computed steps."""
+    names = {}
+    for role, seed in (("high", 81), ("low", 91)):
+        names[role] = f"wan2.2_fun_vace_identity_{role}_noise_14B_fp16.safetensors"
+        save_file(identity_middle(tiny_wan.variant_tensors(tiny_wan.make_expert("t2v", seed), "vace")),
+                  os.path.join(tiny_models["dir"], "diffusion_models", names[role]), metadata={"format": "pt"})
+    runs = {}
+    for mode in ("fresh", "cached", None):
+        monkeypatch.setattr(comfyui.pack("nodes.stage_cache").StageCache, "vace_hints", mode or "fresh")
+        prompt = our_prompt(loader(names["high"], names["low"]), text_folder(tiny_models),
+                            cache=CACHING if mode else None, **RUN)
+        executor = comfyui.new_executor()  # the same prompt again, run again
+        runs[mode] = (report_of(run_ok(comfyui, conditioned(prompt, ["5"], "vace", image), executor)),
+                      latent_of(comfyui, TRIMMED["ours"], executor))
+    uncached = runs[None][1]
+    error = {mode: float((runs[mode][1] - uncached).norm() / uncached.norm()) for mode in ("fresh", "cached")}
+    for role in ("high", "low"):
+        fresh, cached = runs["fresh"][0]["cache"][role], runs["cached"][0]["cache"][role]
+        assert fresh["cached_steps"] and fresh["cached_steps"] == cached["cached_steps"], (fresh, cached)
+        calls = fresh["block_forwards_without_cache"] // 4
+        assert fresh["vace_block_forwards"] == 2 * calls  # both VACE blocks on every call
+        assert cached["vace_block_forwards"] == 2 * calls - len(cached["cached_steps"])  # block 2's: computed only
+    assert error["fresh"] < 1e-4 and error["cached"] > 100 * error["fresh"], error
 
 
 @pytest.mark.parametrize("kind, class_name, drops", [("s2v", "WanModel_S2V", "the audio's change"),

@@ -1,0 +1,143 @@
+"""VACE-Fun's control hints on a cached stage.
+
+ComfyUI's VaceWanModel adds hint k (VACE block k's output, times the control's strength) to the hidden state right
+after main block `vace_layers_mapping`'s key for k. The VACE blocks read only the call's own inputs (the patch-embedded
+latent, the timestep, the text) and each other's stream, never the main blocks' output, so a hint can be computed
+beside any block. cache-dit runs the main blocks as one unit, and ComfyUI's loop, seeing one block, would add every
+hint once, after the whole stack. While a stage is cached, `VaceHints` takes the hints off that loop (an empty mapping
+on the shared model for the stage, put back after it) and adds each after its own block, as the loop does, with the
+same arithmetic: a step cache-dit computes gives ComfyUI's output. On a step cache-dit serves from its cache, the
+main blocks it skips do not run, and the hints they carry are:
+
+- "fresh" (the default): computed for this step, and their change since the step whose residual the cache
+  reuses is added before the head, so the control of every step is this step's (the VACE blocks always run);
+- "cached": those inside the cached residual, as of the last computed step (the VACE blocks of skipped main
+  blocks do not run either: cheaper, and the hints are a step or more old).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+HINTS = ("fresh", "cached")
+
+
+class VaceCall:
+    """One transformer call's control stream: what ComfyUI's forward computes for it, taken as it goes."""
+
+    def __init__(self, stream, vace_context, vace_strength):
+        self.stream = stream  # the prompts of the call: each has a residual stream of its own in the cache
+        self.entries, self.dtype = vace_context.shape[0], vace_context.dtype
+        self.strength = vace_strength
+        self.c = None  # per control entry, the VACE stream after the VACE blocks run so far
+        self.x_orig = self.block_kwargs = None  # the first block's input and keyword arguments
+        self.next = 0  # the next VACE block to run
+        self.hints: list[list] = []  # per VACE block run, its output per control entry (c_skip)
+        self.ran: set[int] = set()  # the mapped main blocks that ran in this call
+        self.middle_sum = None  # the hints of the skippable mapped blocks that ran, summed
+
+
+class VaceHints:
+    """The hints of a VaceWanModel's stage, installed with its cache. `skippable` is the range of main blocks the
+    cache may skip ([first, end)); `mode` one of HINTS."""
+
+    def __init__(self, diffusion_model, skippable: tuple[int, int], mode: str = "fresh"):
+        if mode not in HINTS:
+            raise ValueError(f"VACE hints {mode!r}: use one of {HINTS}")
+        self.model, self.mode = diffusion_model, mode
+        self.saved = diffusion_model.vace_layers_mapping
+        self.mapping = dict(self.saved)  # main block -> its VACE block
+        self.main_of = {k: i for i, k in self.mapping.items()}
+        self.middle = sorted(i for i in self.mapping if skippable[0] <= i < skippable[1])
+        self.handles: list = []
+        self.call: VaceCall | None = None
+        self.last: dict = {}  # stream -> the middle hints' sum on its last computed call
+        self.forwards = 0  # VACE block forwards run (beside the main blocks)
+
+    def install(self) -> None:
+        self.model.vace_layers_mapping = {}
+        blocks = self.model.blocks
+        self.handles = [self.model.vace_patch_embedding.register_forward_hook(self.embedded),
+                        blocks[0].register_forward_pre_hook(self.first_block, with_kwargs=True)]
+        self.handles += [blocks[i].register_forward_hook(partial(self.after_block, i), with_kwargs=True)
+                         for i in self.mapping]
+        if self.mode == "fresh" and self.middle:
+            self.handles.append(self.model.head.register_forward_pre_hook(self.before_head))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles, self.call = [], None
+        self.model.vace_layers_mapping = self.saved
+
+    # --- one transformer call ---
+
+    def begin(self, stream, vace_context, vace_strength) -> None:
+        self.call = VaceCall(stream, vace_context, vace_strength)
+
+    def end(self) -> None:
+        self.call = None
+
+    def embedded(self, _module, _args, output):
+        """The control's patch embedding, as ComfyUI's forward makes it into the VACE stream (one chunk per control
+        entry, each over the batch)."""
+        call = self.call
+        if call is not None:
+            c = output.to(call.dtype).flatten(2).transpose(1, 2)
+            call.c = list(c.split(call.entries, dim=0))
+
+    def first_block(self, _module, args, kwargs):
+        call = self.call
+        if call is not None and call.x_orig is None:  # the patch-embedded input, as the loop hands it to block 0
+            call.x_orig = args[0] if args else kwargs["x"]
+            call.block_kwargs = {k: v for k, v in kwargs.items() if k != "x"}
+
+    def run_up_to(self, k: int) -> None:
+        """Runs the VACE blocks up to k (each once per call), as ComfyUI's loop runs them."""
+        call = self.call
+        options = call.block_kwargs.get("transformer_options")
+        while call.next <= k:
+            j, block, skips = call.next, self.model.vace_blocks[call.next], []
+            if options is not None:
+                options["block_index"] = self.main_of[j]
+            for entry in range(len(call.c)):
+                c_skip, call.c[entry] = block(call.c[entry], x=call.x_orig, **call.block_kwargs)
+                skips.append(c_skip)
+            call.hints.append(skips)
+            call.next += 1
+            self.forwards += 1
+
+    def after_block(self, i, _module, _args, _kwargs, output):
+        call = self.call
+        if call is None:
+            return None
+        k = self.mapping[i]
+        self.run_up_to(k)
+        for c_skip, strength in zip(call.hints[k], call.strength):
+            output = output + c_skip * strength
+        call.ran.add(i)
+        if i in self.middle and self.mode == "fresh":
+            hint = self.hint(k)
+            call.middle_sum = hint if call.middle_sum is None else call.middle_sum + hint
+        return output
+
+    def hint(self, k: int):
+        call = self.call
+        return sum(c_skip * strength for c_skip, strength in zip(call.hints[k], call.strength))
+
+    def before_head(self, _module, args):
+        """After the blocks: a call that ran the skippable mapped blocks keeps their hints for its stream; one that
+        skipped them gets their change since then."""
+        call = self.call
+        if call is None:
+            return None
+        ran = [i for i in self.middle if i in call.ran]
+        if ran:
+            self.last[call.stream] = call.middle_sum
+            return None
+        last = self.last.get(call.stream)
+        if last is None:  # cache-dit computes a stream's first call
+            return None
+        self.run_up_to(max(self.mapping[i] for i in self.middle))
+        now = sum(self.hint(self.mapping[i]) for i in self.middle)
+        return (args[0] + (now - last), *args[1:])
