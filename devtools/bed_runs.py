@@ -22,6 +22,14 @@ def harness(base: str):
     return _HARNESS["comfy"]
 
 
+def vace_conditioning(latent_format, control: torch.Tensor) -> dict:
+    """A VACE bed's control (testbed.World.control: in the space the transformer sees) as WanVaceToVideo puts it
+    on both prompts: the 32 channels of frames as a VAE gives them (ComfyUI's VACE model takes each 16 through
+    process_in), the 64 of the mask as they are, strength 1."""
+    frames = torch.cat([latent_format.process_out(control[None, i:i + 16]) for i in (0, 16)], dim=1)
+    return {"vace_frames": [frames], "vace_mask": [control[None, 32:]], "vace_strength": [1.0]}
+
+
 class BedRuns:
     """The bed's experts (role -> MODEL, loaded once) and the runs a benchmark makes on them; `world`, the bed's
     data world (testbed.World, handed in: this module never imports the bed script), gives each class's prompt."""
@@ -48,17 +56,22 @@ class BedRuns:
             has_high=True, has_low=True, model_default=self.experts.default_boundary, sampler=run["sampler"],
             scheduler=run["scheduler"], steps=run["steps"], flow_shift=run["flow_shift"])
 
-    def conditioning(self, cls: int) -> tuple[list, list]:
-        return [[self.world.context(cls), {}]], [[self.world.context(None), {}]]
+    def conditioning(self, cls: int, control: torch.Tensor | None = None) -> tuple[list, list]:
+        extra = {} if control is None else self.vace(control)
+        return [[self.world.context(cls), dict(extra)]], [[self.world.context(None), dict(extra)]]
 
-    def run(self, run: dict, seed: int, cls: int, patch=None, size: tuple[int, int] | None = None) -> torch.Tensor:
+    def vace(self, control: torch.Tensor) -> dict:
+        return vace_conditioning(self.models["low"].model.latent_format, control)
+
+    def run(self, run: dict, seed: int, cls: int, patch=None, size: tuple[int, int] | None = None,
+            control: torch.Tensor | None = None) -> torch.Tensor:
         """The final latent of the template's graph (`patch(role, MODEL) -> MODEL`: a cache node on each expert,
-        where the template's graph would have it)."""
+        where the template's graph would have it); `control`: a VACE bed's (WanVaceToVideo's conditioning)."""
         import nodes
 
         models = self.models if patch is None else {role: patch(role, m) for role, m in self.models.items()}
         models = {role: self.engine.shifted(m, run["flow_shift"]) for role, m in models.items()}
-        positive, negative = self.conditioning(cls)
+        positive, negative = self.conditioning(cls, control)
         switch = self.schedule(run).high_steps
         common = (seed, run["steps"])
         first = nodes.common_ksampler(models["high"], *common, run["cfg"]["high"], run["sampler"], run["scheduler"],
@@ -72,9 +85,10 @@ class BedRuns:
         """A latent as the transformer sees it (Wan21.process_in): where the bed's data and templates live."""
         return self.models["low"].model.latent_format.process_in(latent)
 
-    def ours(self, run: dict, seed: int, cls: int, plan=None, size: tuple[int, int] | None = None):
+    def ours(self, run: dict, seed: int, cls: int, plan=None, size: tuple[int, int] | None = None,
+             control: torch.Tensor | None = None):
         """The pack's two-stage sampler on the bed: (final latent, run record)."""
-        positive, negative = self.conditioning(cls)
+        positive, negative = self.conditioning(cls, control)
         experts = self.experts.replace(cache_plan=plan)
         latent, record = self.engine.sample(experts, self.schedule(run), positive, negative, self.latent(size), seed,
                                             dict(run["cfg"]))

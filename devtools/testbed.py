@@ -13,7 +13,10 @@ training samples use the negative prompt instead (CFG dropout).
 There are several beds (BEDS), made to differ where real models differ: depth, heads, the data (objects,
 motions, a textured background, a camera pan), the latent sizes trained at (one bed at three, so calibrating
 small and running large can be measured) and the training's length. One of them, `tuning`, is the only one the
-pack's defaults, advice and constants are chosen on; the others are held out and only report.
+pack's defaults, advice and constants are chosen on; the others are held out and only report. The family's beds
+(FAMILY) are other Wan2.2 models: `vace` is a VACE-Fun pair (diffusers' WanVACETransformer3DModel, VACE blocks
+after every other main block) trained to put the object where a control puts it: the object's track as the
+control's reactive frames, the mask all ones, as WanVaceToVideo hands a tracking video to ComfyUI's VaceWanModel.
 
 Training is deterministic for a config (one thread per expert, the two experts in two processes). It stops when
 the validation loss has not improved for `patience` evaluations, or at `max_steps`, and keeps the best
@@ -22,12 +25,13 @@ evaluated weights. Each bed is built once per machine into a cache outside the c
 the script and the next build trains anew. Its log (bed.json) has the training time, the losses, each file's
 SHA-256, whether it is the tuning bed or held out, and what it generates through ComfyUI's own
 two-KSamplerAdvanced graph: how well each sample fits the nearest data template (relative L2: clean data about
-0.05, noise 1.0) and whether its class is the one asked for, at each size it was trained at.
+0.05, noise 1.0) and whether its class is the one asked for, at each size it was trained at; on a VACE bed, how
+well it follows the control (World.track_fidelity: 1 on the track, 0 no closer than chance).
 
 They are tiny and synthetic: they say how a cache's error behaves on models that denoise, not how a real
 Wan2.2 video looks.
 
-    .venv/bin/python -m devtools.testbed [--bed tuning deep wide] [--force] [--quick]
+    .venv/bin/python -m devtools.testbed [--bed tuning deep wide vace] [--force] [--quick]
 """
 
 from __future__ import annotations
@@ -82,6 +86,9 @@ class BedConfig:
     texture: float = 0.0  # the amplitude of a fixed background texture (0: a smooth background)
     pan: bool = False  # the background pans a pixel a frame in a random direction (a camera pan), or stands
     sizes: tuple = ((FRAMES, SIZE),)  # (latent frames, height = width) trained at; the last is the one measured
+    # VACE-Fun: the main blocks after which a VACE block's hint is added (ComfyUI maps VACE block k after main block
+    # k * layers / VACE blocks), and the control it is trained with: the object's track (VACE_CHANNELS). () : none
+    vace_layers: tuple = ()
 
     @classmethod
     def from_dict(cls, values: dict) -> "BedConfig":
@@ -93,6 +100,10 @@ class BedConfig:
     @property
     def heads(self) -> int:
         return self.dim // 128
+
+    @property
+    def vace(self) -> bool:
+        return bool(self.vace_layers)
 
     @property
     def measured(self) -> tuple[int, int]:
@@ -116,7 +127,17 @@ BEDS = {
                       texture=0.6, pan=True, sizes=((2, 8), (3, 12), (4, 16))),
 }
 ROLES = {name: "tuning" if name == TUNING else "held-out" for name in BEDS}
+# The beds of the Wan2.2 family's other models, measured by bench/family.py (not by the cache-versus-peers suite):
+# VACE-Fun (the tuning bed's world and size, VACE blocks after every other main block, trained to follow the
+# object's track given as control frames).
+FAMILY = {
+    "vace": BedConfig(num_layers=8, seed=3, max_steps=1000, shapes=("blob", "square"), vace_layers=(0, 2, 4, 6)),
+}
+ROLES.update({name: "family" for name in FAMILY})
+VACE_CHANNELS = 96  # VACE's control: 16 inactive + 16 reactive latent channels, then the 64 channels of the mask
 QUICK = BedConfig(num_layers=2, ffn_dim=256, batch=4, max_steps=6, eval_every=3, warmup_steps=2, validation=8)
+QUICK_VACE = BedConfig(num_layers=2, ffn_dim=256, batch=4, max_steps=6, eval_every=3, warmup_steps=2, validation=8,
+                       vace_layers=(0, 1))
 
 
 # --- the data world: templates, conditioning, fitting ---
@@ -200,16 +221,26 @@ class World:
             bg.append(self.texture_vector[:, None, None, None] * self.textured(pan, frames, side)[None])
         return torch.stack([obj, *bg])
 
-    def sample(self, n: int, g: torch.Generator, size: tuple[int, int] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def control(self, cls: int, y: int, x: int, frames: int = FRAMES, side: int = SIZE) -> torch.Tensor:
+        """VACE's control for the object of class `cls` starting at (y, x), in the space the transformer sees:
+        (VACE_CHANNELS, F, H, W): nothing inactive, the object's track at unit amplitude as the reactive frames (what
+        a tracking control video encodes to), and the mask all ones (every pixel under control)."""
+        track = self.object_vector[:, None, None, None] * self.pattern(cls, y, x, frames, side)[None]
+        return torch.cat([torch.zeros_like(track), track, torch.ones(VACE_CHANNELS - 2 * CHANNELS, frames, side, side)])
+
+    def sample(self, n: int, g: torch.Generator, size: tuple[int, int] | None = None, controls: bool = False
+               ) -> tuple[torch.Tensor, ...]:
         """n clean latents (n, C, F, H, W) and their classes: a random class, start, amplitude and background
-        (and texture amplitude and pan), plus a little noise (what keeps clean data at a fit of about 0.05)."""
+        (and texture amplitude and pan), plus a little noise (what keeps clean data at a fit of about 0.05); with
+        `controls`, each sample's VACE control as a third (n, VACE_CHANNELS, F, H, W), drawing nothing more."""
         frames, side = size or self.config.sizes[0]
         classes = torch.randint(0, len(self.classes), (n,), generator=g)
-        out = []
+        out, tracks = [], []
         for c in classes.tolist():
             starts = self.starts(c, frames, side)
             y, x = starts[int(torch.randint(0, len(starts), (1,), generator=g))]
+            if controls:
+                tracks.append(self.control(c, y, x, frames, side))
             coeffs = [0.5 + 0.5 * float(torch.rand(1, generator=g)), 0.3 * float(torch.randn(1, generator=g)),
                       0.6 * float(torch.randn(1, generator=g)), 0.6 * float(torch.randn(1, generator=g))]
             pan = 0
@@ -220,7 +251,23 @@ class World:
             basis = self.basis(c, y, x, frames, side, pan)
             latent = (torch.tensor(coeffs)[:, None, None, None, None] * basis).sum(0)
             out.append(latent + 0.02 * torch.randn(latent.shape, generator=g))
+        if controls:
+            return torch.stack(out), classes, torch.stack(tracks)
         return torch.stack(out), classes
+
+    def chance_distance(self, cls: int, frames: int = FRAMES, side: int = SIZE) -> float:
+        """How far apart two starts of class `cls` are on average (latent pixels): where an object lands when the
+        control is ignored, against where the control puts it."""
+        starts = torch.tensor(self.starts(cls, frames, side), dtype=torch.float64)
+        return float(torch.cdist(starts, starts).mean())
+
+    def track_fidelity(self, fit: dict, cls: int, start: tuple[int, int], frames: int = FRAMES,
+                       side: int = SIZE) -> dict:
+        """How well an output (its `fit`) follows a VACE control that puts the object of class `cls` at `start`:
+        the distance of the fitted start from it, and the fidelity 1 - distance / chance_distance (1: on the
+        track; 0: no closer than chance)."""
+        distance = math.dist(fit["start"], start)
+        return {"track_distance": distance, "fidelity": 1 - distance / self.chance_distance(cls, frames, side)}
 
     def context(self, cls: int | None) -> torch.Tensor:
         """A prompt's text embedding as ComfyUI hands it to the model: (1, 512, 4096), zero past its tokens.
@@ -256,7 +303,17 @@ class World:
 def model_config(config: BedConfig) -> dict:
     from devtools.tiny_wan import tiny_config
 
-    return tiny_config("t2v", num_layers=config.num_layers, dim=config.dim, ffn_dim=config.ffn_dim)
+    out = tiny_config("t2v", num_layers=config.num_layers, dim=config.dim, ffn_dim=config.ffn_dim)
+    if config.vace:
+        out.update(vace_layers=list(config.vace_layers), vace_in_channels=VACE_CHANNELS)
+    return out
+
+
+def transformer_class(config: BedConfig):
+    """diffusers' Wan transformer, or its VACE one (whose hints are added after config.vace_layers)."""
+    from diffusers import WanTransformer3DModel, WanVACETransformer3DModel
+
+    return WanVACETransformer3DModel if config.vace else WanTransformer3DModel
 
 
 class ShortContextAttention:
@@ -303,25 +360,31 @@ def draw_s(role: str, n: int, g: torch.Generator) -> torch.Tensor:
 
 def flow_batch(world: World, role: str, n: int, g: torch.Generator, dropout: float,
                size: tuple[int, int] | None = None):
-    """One batch in ComfyUI's convention: (x_s, timestep 1000 s, short contexts, target noise - x0)."""
-    x0, classes = world.sample(n, g, size)
+    """One batch in ComfyUI's convention: (x_s, timestep 1000 s, short contexts, target noise - x0, and for a
+    VACE bed each sample's control, else None)."""
+    x0, classes, *controls = world.sample(n, g, size, controls=world.config.vace)
     negative = torch.rand(n, generator=g) < dropout
     s = draw_s(role, n, g)
     noise = torch.randn(x0.shape, generator=g)
     x = s[:, None, None, None, None] * noise + (1 - s[:, None, None, None, None]) * x0
-    return x, 1000 * s, short_contexts(world, classes, negative), noise - x0
+    return x, 1000 * s, short_contexts(world, classes, negative), noise - x0, (controls or [None])[0]
+
+
+def predict(model, x, t, ctx, control):
+    """The model's prediction, with the batch's VACE control where the bed has one."""
+    if control is None:
+        return model(x, t, ctx, return_dict=False)[0]
+    return model(x, t, ctx, control_hidden_states=control, return_dict=False)[0]
 
 
 def train_expert(role: str, config: BedConfig, log=print) -> tuple[dict, dict]:
     """Trains one expert (one thread, deterministic for config.seed); returns (its best state dict in
     diffusers' names, its training log)."""
-    from diffusers import WanTransformer3DModel
-
     torch.set_num_threads(1)
     torch.manual_seed(config.seed * 100 + (1 if role == "high" else 2))
-    model = WanTransformer3DModel(**model_config(config))
+    model = transformer_class(config)(**model_config(config))
     processor = ShortContextAttention(TEXT_ROWS - PROMPT_TOKENS)
-    for block in model.blocks:
+    for block in [*model.blocks, *getattr(model, "vace_blocks", ())]:
         block.attn2.set_processor(processor)
     world = World(config)
     g_val = torch.Generator().manual_seed(config.seed * 100 + 50 + (1 if role == "high" else 2))
@@ -346,8 +409,8 @@ def train_expert(role: str, config: BedConfig, log=print) -> tuple[dict, dict]:
             for validation in validations:
                 losses = []
                 for i in range(0, len(validation[0]), 16):
-                    x, t, ctx, v = (part[i:i + 16] for part in validation)
-                    losses.append(F.mse_loss(model(x, t, ctx, return_dict=False)[0], v, reduction="sum"))
+                    x, t, ctx, v, control = (None if part is None else part[i:i + 16] for part in validation)
+                    losses.append(F.mse_loss(predict(model, x, t, ctx, control), v, reduction="sum"))
                 per_size.append(float(sum(losses) / validation[0].numel()))
         model.train()
         return sum(per_size) / len(per_size)
@@ -358,8 +421,8 @@ def train_expert(role: str, config: BedConfig, log=print) -> tuple[dict, dict]:
     stale, step, train_losses = 0, 0, []
     model.train()
     while step < config.max_steps:
-        x, t, ctx, v = flow_batch(world, role, config.batch, g, config.cfg_dropout, sizes[step % len(sizes)])
-        loss = F.mse_loss(model(x, t, ctx, return_dict=False)[0], v)
+        x, t, ctx, v, control = flow_batch(world, role, config.batch, g, config.cfg_dropout, sizes[step % len(sizes)])
+        loss = F.mse_loss(predict(model, x, t, ctx, control), v)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -386,9 +449,7 @@ def train_expert(role: str, config: BedConfig, log=print) -> tuple[dict, dict]:
 
 def expert_model(config: BedConfig, state_dict: dict):
     """The trained expert as a diffusers model (the default attention: what ComfyUI's loader then reads)."""
-    from diffusers import WanTransformer3DModel
-
-    model = WanTransformer3DModel(**model_config(config))
+    model = transformer_class(config)(**model_config(config))
     model.load_state_dict(state_dict)
     return model.eval().requires_grad_(False)
 
@@ -414,9 +475,12 @@ def bed_folder(name: str = TUNING, key: str | None = None) -> str:
 def config_of(name: str) -> BedConfig:
     if name == "quick":
         return QUICK
-    if name not in BEDS:
-        raise SystemExit(f"unknown bed {name!r}: the beds are {', '.join(BEDS)} (and quick, a smoke test)")
-    return BEDS[name]
+    if name == "quick_vace":
+        return QUICK_VACE
+    if name not in BEDS and name not in FAMILY:
+        raise SystemExit(f"unknown bed {name!r}: the beds are {', '.join([*BEDS, *FAMILY])} (and quick, a smoke "
+                         "test)")
+    return BEDS.get(name) or FAMILY[name]
 
 
 def sha256_of(path: str) -> str:
@@ -473,7 +537,7 @@ def build(name: str = TUNING, force: bool = False, folder: str | None = None, lo
         log(f"[testbed] training bed {name!r} ({config.num_layers} layers, {config.heads} heads, "
             f"at most {config.max_steps} steps): {folder}")
         bed_log = train_both(config, folder)
-        bed_log.update(name=name, role="quick" if name == "quick" else ROLES[name])
+        bed_log.update(name=name, role="quick" if name.startswith("quick") else ROLES[name])
         with open(trained, "w", encoding="utf-8") as f:
             json.dump(bed_log, f, indent=2)
     with open(trained, encoding="utf-8") as f:
@@ -534,9 +598,13 @@ def evaluate(bed: Bed, log=print, samples: int = 8) -> dict:
             fits = []
             for i in range(samples):
                 cls = i % len(world.classes)
-                latent = runs.run(GENERATION_RUN, seed=i + 1, cls=cls, size=size)
+                start = control_start(world, i, cls, size) if config.vace else None
+                control = None if start is None else world.control(cls, *start, *size)
+                latent = runs.run(GENERATION_RUN, seed=i + 1, cls=cls, size=size, control=control)
                 fit = world.fit(runs.model_space(latent)[0])
                 fits.append({"seed": i + 1, "class": cls, **fit, "right": fit["class"] == cls})
+                if start is not None:
+                    fits[-1].update(control_start=list(start), **world.track_fidelity(fit, cls, start, *size))
             clean, _ = world.sample(samples, torch.Generator().manual_seed(7), size)
             clean_fits = [world.fit(x)["rel_l2"] for x in clean]
             per_size["x".join(map(str, size))] = {
@@ -544,20 +612,30 @@ def evaluate(bed: Bed, log=print, samples: int = 8) -> dict:
                 "template_fit_max": max(f["rel_l2"] for f in fits),
                 "class_right": sum(f["right"] for f in fits), "of": len(fits),
                 "clean_data_fit_mean": sum(clean_fits) / len(clean_fits)}
+            if config.vace:
+                per_size["x".join(map(str, size))]["fidelity_mean"] = sum(f["fidelity"] for f in fits) / len(fits)
     measured = per_size["x".join(map(str, config.measured))]
     out = {"run": GENERATION_RUN, "size": list(config.measured), **measured}
     if len(per_size) > 1:
         out["sizes"] = {size: {k: v for k, v in figures.items() if k != "samples"}
                         for size, figures in per_size.items()}
+    vace = f", the control's track followed at {out['fidelity_mean']:.2f} (fidelity)" if config.vace else ""
     log(f"[testbed] {bed.name}: samples fit a template at {out['template_fit_mean']:.3f} (mean; clean data "
-        f"{out['clean_data_fit_mean']:.3f}), class right in {out['class_right']} of {out['of']}")
+        f"{out['clean_data_fit_mean']:.3f}), class right in {out['class_right']} of {out['of']}{vace}")
     return out
+
+
+def control_start(world: World, i: int, cls: int, size: tuple[int, int]) -> tuple[int, int]:
+    """The start a VACE control puts sample `i` of class `cls` at: spread over the class's starts, fixed."""
+    starts = world.starts(cls, *size)
+    return starts[(7 * i + 3) % len(starts)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bed", nargs="+", default=list(BEDS),
-                        help=f"the beds to build (default all: {', '.join(BEDS)}; quick: a smoke test)")
+                        help=f"the beds to build (default: {', '.join(BEDS)}; the family's: {', '.join(FAMILY)}; "
+                             "quick: a smoke test)")
     parser.add_argument("--force", action="store_true", help="train again even if the cache has the bed")
     parser.add_argument("--quick", action="store_true", help="a tiny, barely trained bed (a smoke test)")
     parser.add_argument("--train-one", choices=("high", "low"), help=argparse.SUPPRESS)

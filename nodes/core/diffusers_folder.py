@@ -39,8 +39,10 @@ def comfy_name(name: str) -> str:
         return "head.modulation"
     if name.startswith("proj_out."):
         return "head.head." + name[len("proj_out."):]
-    if name.startswith("blocks.") and name.endswith(".scale_shift_table"):
+    if name.startswith(("blocks.", "vace_blocks.")) and name.endswith(".scale_shift_table"):
         name = name[: -len("scale_shift_table")] + "modulation"
+    if name.startswith("vace_blocks."):  # a VACE block's projections: in from the control, out to its hint
+        name = name.replace(".proj_in.", ".before_proj.").replace(".proj_out.", ".after_proj.")
     for diffusers, comfy in _TO_COMFY:
         name = name.replace(diffusers, comfy)
     return name

@@ -43,6 +43,21 @@ def test_the_rename_to_comfyuis_layout_is_undone_exactly_by_diffusers_own_conver
         assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_vace_transformers_rename_is_undone_exactly_by_diffusers_own_conversion():
+    """VACE's blocks (the trained VACE bed is a diffusers WanVACETransformer3DModel written in ComfyUI's layout):
+    their projections and modulation get ComfyUI's names, which diffusers' conversion maps back."""
+    from diffusers import WanVACETransformer3DModel
+
+    torch.manual_seed(5)
+    model = WanVACETransformer3DModel(**tiny_wan.tiny_config("t2v"), vace_layers=[0, 2], vace_in_channels=96)
+    comfy = F.to_comfy_layout(model.state_dict())
+    assert {"vace_blocks.0.before_proj.weight", "vace_blocks.1.after_proj.bias", "vace_blocks.1.modulation",
+            "vace_blocks.1.norm3.weight", "vace_patch_embedding.weight"} <= set(comfy)
+    back = convert_wan_transformer_to_diffusers({"model.diffusion_model." + k: v for k, v in comfy.items()})
+    assert set(back) == set(model.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+
 @pytest.mark.parametrize("fmt", tiny_wan.SINGLE_FILE_FORMATS)
 @pytest.mark.parametrize("task", ["t2v", "i2v"])
 def test_the_architecture_is_read_off_every_formats_header(tiny_models, fmt, task):

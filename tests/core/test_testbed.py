@@ -62,15 +62,23 @@ def test_a_config_comes_back_from_its_json():
 
 def test_each_bed_trains_on_its_own_data_deterministically():
     """A training batch of every bed, at each of its sizes, twice from the same generator: equal; the beds' worlds
-    differ."""
+    differ; a VACE bed's batch carries each sample's control (the object's track), the others none."""
     batches = {}
-    for name, config in testbed.BEDS.items():
+    for name, config in {**testbed.BEDS, **testbed.FAMILY}.items():
         world = testbed.World(config)
         for size in config.sizes:
             first, second = (testbed.flow_batch(world, "low", 2, torch.Generator().manual_seed(4), 0.1, size)
                              for _ in range(2))
-            assert all(torch.equal(a, b) for a, b in zip(first, second))
+            assert all(torch.equal(a, b) for a, b in zip(first[:4], second[:4]))
             assert first[0].shape == (2, testbed.CHANNELS, *(size[0], size[1], size[1]))
+            if not config.vace:
+                assert first[4] is None and second[4] is None
+                continue
+            assert torch.equal(first[4], second[4])
+            assert first[4].shape == (2, testbed.VACE_CHANNELS, *(size[0], size[1], size[1]))
+            _x0, classes, controls = world.sample(2, torch.Generator().manual_seed(4), size, controls=True)
+            fit = world.fit(controls[0, 16:32])  # the reactive frames: the object alone, on its track
+            assert fit["class"] == classes[0] and fit["rel_l2"] < 1e-6
         batches[name] = testbed.flow_batch(world, "low", 2, torch.Generator().manual_seed(4), 0.1)[3]
     names = list(batches)
     assert all(not torch.equal(batches[a], batches[b]) for a in names for b in names if a < b
@@ -87,7 +95,7 @@ def test_the_short_context_attention_equals_attention_over_all_512_rows():
         for name, p in model.named_parameters():  # the default init leaves the modulation and head near zero
             if "scale_shift_table" in name or name.startswith("proj_out"):
                 p.normal_(0.0, 0.2)
-    x, t, short, _ = testbed.flow_batch(world, "low", 4, torch.Generator().manual_seed(3), dropout=0.5)
+    x, t, short, _, _ = testbed.flow_batch(world, "low", 4, torch.Generator().manual_seed(3), dropout=0.5)
     full = torch.zeros(4, testbed.TEXT_ROWS, testbed.TEXT_WIDTH)
     full[:, :testbed.PROMPT_TOKENS] = short[:, :testbed.PROMPT_TOKENS]
     with torch.no_grad():
