@@ -24,8 +24,9 @@ demo: setup
 	$(PY) -m devtools.demo
 
 # Benchmarks and the endurance run: not part of `make test`. Results under bench/results/. `make quality` builds
-# the trained test bed once per machine (devtools/testbed.py, cached outside the clone) and measures on it.
-BENCHES := bench.quality bench.run bench.endurance bench.few_steps bench.compile bench.parallel
+# the trained test beds once per machine (devtools/testbed.py, cached outside the clone) and measures on them
+# (bench.quality: the caches against the peers; bench.family: VACE-Fun's control under the cache).
+BENCHES := bench.quality bench.family bench.run bench.endurance bench.few_steps bench.compile bench.parallel
 
 # Every part runs even when one fails; the target fails at the end naming the parts that did.
 bench: setup
@@ -36,6 +37,7 @@ bench: setup
 
 quality: setup
 	$(PY) -m bench.quality
+	$(PY) -m bench.family
 
 clean:
 	rm -rf .demo .pytest_cache

@@ -42,10 +42,13 @@ class BedRuns:
         key = ("models", bed.folder)
         if key not in _HARNESS:
             _HARNESS[key] = {role: comfy.sd.load_diffusion_model(path) for role, path in bed.files.items()}
-        self.models = _HARNESS[key]
+        self.models = _HARNESS[key]  # role -> MODEL: high and low, or a single transformer's ("single")
+        self.single = bed.config.single
         self.world = world
         self.engine = self.comfy.pack("nodes.engine")
-        self.experts = self.comfy.pack("nodes.expert_models").experts_handle(self.models)
+        # the pack's handle: a single transformer in the high-noise input, where it takes every step
+        self.experts = self.comfy.pack("nodes.expert_models").experts_handle(
+            {"high": next(iter(self.models.values()))} if self.single else self.models)
 
     def latent(self, size: tuple[int, int] | None = None) -> dict:
         """The empty latent of a size the bed was trained at (its measured size by default)."""
@@ -53,7 +56,7 @@ class BedRuns:
 
     def schedule(self, run: dict):
         return self.comfy.pack("nodes.sigmas").build_schedule(
-            has_high=True, has_low=True, model_default=self.experts.default_boundary, sampler=run["sampler"],
+            has_high=True, has_low=not self.single, model_default=self.experts.default_boundary, sampler=run["sampler"],
             scheduler=run["scheduler"], steps=run["steps"], flow_shift=run["flow_shift"])
 
     def conditioning(self, cls: int, control: torch.Tensor | None = None) -> tuple[list, list]:
@@ -61,7 +64,7 @@ class BedRuns:
         return [[self.world.context(cls), dict(extra)]], [[self.world.context(None), dict(extra)]]
 
     def vace(self, control: torch.Tensor) -> dict:
-        return vace_conditioning(self.models["low"].model.latent_format, control)
+        return vace_conditioning(next(iter(self.models.values())).model.latent_format, control)
 
     def run(self, run: dict, seed: int, cls: int, patch=None, size: tuple[int, int] | None = None,
             control: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,8 +75,11 @@ class BedRuns:
         models = self.models if patch is None else {role: patch(role, m) for role, m in self.models.items()}
         models = {role: self.engine.shifted(m, run["flow_shift"]) for role, m in models.items()}
         positive, negative = self.conditioning(cls, control)
-        switch = self.schedule(run).high_steps
         common = (seed, run["steps"])
+        if self.single:  # TI2V-5B's graph: one KSampler over every step, at the run's (high) CFG
+            return nodes.common_ksampler(models[next(iter(models))], *common, run["cfg"]["high"], run["sampler"],
+                                         run["scheduler"], positive, negative, self.latent(size))[0]["samples"]
+        switch = self.schedule(run).high_steps
         first = nodes.common_ksampler(models["high"], *common, run["cfg"]["high"], run["sampler"], run["scheduler"],
                                       positive, negative, self.latent(size), denoise=1.0, disable_noise=False,
                                       start_step=0, last_step=switch, force_full_denoise=False)[0]
@@ -83,7 +89,7 @@ class BedRuns:
 
     def model_space(self, latent: torch.Tensor) -> torch.Tensor:
         """A latent as the transformer sees it (Wan21.process_in): where the bed's data and templates live."""
-        return self.models["low"].model.latent_format.process_in(latent)
+        return next(iter(self.models.values())).model.latent_format.process_in(latent)
 
     def ours(self, run: dict, seed: int, cls: int, plan=None, size: tuple[int, int] | None = None,
              control: torch.Tensor | None = None):

@@ -16,7 +16,8 @@ small and running large can be measured) and the training's length. One of them,
 pack's defaults, advice and constants are chosen on; the others are held out and only report. The family's beds
 (FAMILY) are other Wan2.2 models: `vace` is a VACE-Fun pair (diffusers' WanVACETransformer3DModel, VACE blocks
 after every other main block) trained to put the object where a control puts it: the object's track as the
-control's reactive frames, the mask all ones, as WanVaceToVideo hands a tracking video to ComfyUI's VaceWanModel.
+control's reactive frames, the mask all ones, as WanVaceToVideo hands a tracking video to ComfyUI's VaceWanModel;
+`ti2v` is a TI2V-5B stand-in: one transformer over every noise level on a 48-channel latent.
 
 Training is deterministic for a config (one thread per expert, the two experts in two processes). It stops when
 the validation loss has not improved for `patience` evaluations, or at `max_steps`, and keeps the best
@@ -31,12 +32,13 @@ well it follows the control (World.track_fidelity: 1 on the track, 0 no closer t
 They are tiny and synthetic: they say how a cache's error behaves on models that denoise, not how a real
 Wan2.2 video looks.
 
-    .venv/bin/python -m devtools.testbed [--bed tuning deep wide vace] [--force] [--quick]
+    .venv/bin/python -m devtools.testbed [--bed tuning deep wide vace ti2v] [--force] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -54,6 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.abspath(__file__)
 BOUNDARY = 0.875  # Wan2.2 T2V: the high-noise expert at s >= 0.875
 CHANNELS = 16  # the latent the transformer sees: 16 channels; tuning bed 3 x 12 x 12 (a 96 x 96 x 9 video)
+SINGLE, SINGLE_CHANNELS = "single", 48  # TI2V-5B: one transformer ("single") on the Wan2.2 VAE's 48 channels
 FRAMES, SIZE = 3, 12
 TEXT_ROWS, TEXT_WIDTH = 512, 4096  # umt5's output: 512 rows, zero past the prompt's tokens
 PROMPT_TOKENS, NEGATIVE_TOKENS = 12, 3
@@ -89,6 +92,8 @@ class BedConfig:
     # VACE-Fun: the main blocks after which a VACE block's hint is added (ComfyUI maps VACE block k after main block
     # k * layers / VACE blocks), and the control it is trained with: the object's track (VACE_CHANNELS). () : none
     vace_layers: tuple = ()
+    # TI2V-5B: one transformer over every noise level (no boundary, no second expert), on the Wan2.2 VAE's latent
+    channels: int = CHANNELS
 
     @classmethod
     def from_dict(cls, values: dict) -> "BedConfig":
@@ -106,13 +111,22 @@ class BedConfig:
         return bool(self.vace_layers)
 
     @property
+    def single(self) -> bool:
+        """One transformer (TI2V-5B: 48 channels) rather than two experts."""
+        return self.channels == SINGLE_CHANNELS
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return (SINGLE,) if self.single else ("high", "low")
+
+    @property
     def measured(self) -> tuple[int, int]:
         return tuple(self.sizes[-1])
 
     def latent(self, size: tuple[int, int] | None = None) -> tuple[int, ...]:
         """The latent ComfyUI samples for a size of this bed (the measured one by default): (1, C, F, H, W)."""
         frames, side = size or self.measured
-        return (1, CHANNELS, frames, side, side)
+        return (1, self.channels, frames, side, side)
 
 
 # The beds. `tuning` alone chooses the pack's defaults, advice and constants; the others are held out and only
@@ -129,15 +143,16 @@ BEDS = {
 ROLES = {name: "tuning" if name == TUNING else "held-out" for name in BEDS}
 # The beds of the Wan2.2 family's other models, measured by bench/family.py (not by the cache-versus-peers suite):
 # VACE-Fun (the tuning bed's world and size, VACE blocks after every other main block, trained to follow the
-# object's track given as control frames).
+# object's track given as control frames) and TI2V-5B (one transformer over every noise level, 48 channels).
 FAMILY = {
     "vace": BedConfig(num_layers=8, seed=3, max_steps=1000, shapes=("blob", "square"), vace_layers=(0, 2, 4, 6)),
+    "ti2v": BedConfig(num_layers=8, seed=4, max_steps=1000, shapes=("blob", "ring"), channels=SINGLE_CHANNELS),
 }
 ROLES.update({name: "family" for name in FAMILY})
 VACE_CHANNELS = 96  # VACE's control: 16 inactive + 16 reactive latent channels, then the 64 channels of the mask
 QUICK = BedConfig(num_layers=2, ffn_dim=256, batch=4, max_steps=6, eval_every=3, warmup_steps=2, validation=8)
-QUICK_VACE = BedConfig(num_layers=2, ffn_dim=256, batch=4, max_steps=6, eval_every=3, warmup_steps=2, validation=8,
-                       vace_layers=(0, 1))
+QUICKS = {"quick": QUICK, "quick_vace": dataclasses.replace(QUICK, vace_layers=(0, 1)),  # smoke tests' beds
+          "quick_ti2v": dataclasses.replace(QUICK, channels=SINGLE_CHANNELS)}
 
 
 # --- the data world: templates, conditioning, fitting ---
@@ -152,13 +167,13 @@ class World:
         self.config = config
         self.classes = [f"{shape} {direction}" for shape in config.shapes for direction in config.directions]
         g = torch.Generator().manual_seed(10_000 + config.seed)
-        self.object_vector = F.normalize(torch.randn(CHANNELS, generator=g), dim=0) * 4.0
-        self.background_vector = F.normalize(torch.randn(CHANNELS, generator=g), dim=0) * 4.0
+        self.object_vector = F.normalize(torch.randn(config.channels, generator=g), dim=0) * 4.0
+        self.background_vector = F.normalize(torch.randn(config.channels, generator=g), dim=0) * 4.0
         self.prompts = torch.randn(len(self.classes), PROMPT_TOKENS, TEXT_WIDTH, generator=g)
         self.negative = torch.randn(NEGATIVE_TOKENS, TEXT_WIDTH, generator=g)
         self.pans = PANS if config.pan else PANS[:1]
         if config.texture:  # drawn after the rest: a world without texture draws what it always drew
-            self.texture_vector = F.normalize(torch.randn(CHANNELS, generator=g), dim=0) * 4.0
+            self.texture_vector = F.normalize(torch.randn(config.channels, generator=g), dim=0) * 4.0
             reach = max(side for _f, side in config.sizes) + 2 * max(frames for frames, _s in config.sizes)
             field = torch.randn(1, 1, reach, reach, generator=g)
             kernel = torch.exp(-torch.arange(-4, 5, dtype=torch.float32) ** 2 / (2 * 1.2 ** 2))
@@ -303,7 +318,8 @@ class World:
 def model_config(config: BedConfig) -> dict:
     from devtools.tiny_wan import tiny_config
 
-    out = tiny_config("t2v", num_layers=config.num_layers, dim=config.dim, ffn_dim=config.ffn_dim)
+    out = tiny_config("ti2v" if config.single else "t2v", num_layers=config.num_layers, dim=config.dim,
+                      ffn_dim=config.ffn_dim)
     if config.vace:
         out.update(vace_layers=list(config.vace_layers), vace_in_channels=VACE_CHANNELS)
     return out
@@ -348,10 +364,13 @@ def short_contexts(world: World, classes: torch.Tensor, negative: torch.Tensor) 
 
 def draw_s(role: str, n: int, g: torch.Generator) -> torch.Tensor:
     """Noise levels for an expert: high U[0.875, 1]; low in [0, 0.875), half uniform, half where a shift-8
-    schedule visits."""
+    schedule visits; one transformer (SINGLE) likewise over [0, 1)."""
     u = torch.rand(n, generator=g)
     if role == "high":
         return BOUNDARY + (1 - BOUNDARY) * u
+    if role == SINGLE:
+        pick = torch.rand(n, generator=g) < 0.5
+        return torch.where(pick, u, 8 * u / (1 + 7 * u)).clamp(max=1 - 1e-4)
     shifted = 8 * u / (1 + 7 * u) * BOUNDARY
     uniform = u * BOUNDARY
     pick = torch.rand(n, generator=g) < 0.5
@@ -473,10 +492,8 @@ def bed_folder(name: str = TUNING, key: str | None = None) -> str:
 
 
 def config_of(name: str) -> BedConfig:
-    if name == "quick":
-        return QUICK
-    if name == "quick_vace":
-        return QUICK_VACE
+    if name in QUICKS:
+        return QUICKS[name]
     if name not in BEDS and name not in FAMILY:
         raise SystemExit(f"unknown bed {name!r}: the beds are {', '.join([*BEDS, *FAMILY])} (and quick, a smoke "
                          "test)")
@@ -512,7 +529,7 @@ class Bed:
 
     @property
     def files(self) -> dict:
-        return {role: os.path.join(self.folder, f"{role}.safetensors") for role in ("high", "low")}
+        return {role: os.path.join(self.folder, f"{role}.safetensors") for role in self.config.roles}
 
 
 def load_bed(folder: str) -> Bed | None:
@@ -551,13 +568,14 @@ def build(name: str = TUNING, force: bool = False, folder: str | None = None, lo
 
 
 def train_both(config: BedConfig, folder: str) -> dict:
-    """Trains the two experts in two processes of one thread each and writes them as ComfyUI single files."""
+    """Trains the two experts in two processes of one thread each (a single transformer in one) and writes them as
+    ComfyUI single files."""
     from devtools.tiny_wan import write_single_file
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="wan22-testbed-") as tmp:
         procs = {}
-        for role in ("high", "low"):
+        for role in config.roles:
             out = os.path.join(tmp, role)
             procs[role] = subprocess.Popen([sys.executable, "-m", "devtools.testbed", "--train-one", role, "--out", out,
                                             "--config", json.dumps(asdict(config))], cwd=ROOT)
@@ -565,7 +583,7 @@ def train_both(config: BedConfig, folder: str) -> dict:
             if proc.wait() != 0:
                 raise RuntimeError(f"training the {role}-noise expert failed (exit {proc.returncode})")
         training = {}
-        for role in ("high", "low"):
+        for role in config.roles:
             state = torch.load(os.path.join(tmp, role, "weights.pt"))
             with open(os.path.join(tmp, role, "log.json"), encoding="utf-8") as f:
                 training[role] = json.load(f)
@@ -573,7 +591,7 @@ def train_both(config: BedConfig, folder: str) -> dict:
     return {"key": os.path.basename(os.path.dirname(folder)), "config": asdict(config),
             "classes": World(config).classes, "training_wall_s": round(time.perf_counter() - started, 1),
             "training": training,
-            "sha256": {role: sha256_of(os.path.join(folder, f"{role}.safetensors")) for role in ("high", "low")},
+            "sha256": {role: sha256_of(os.path.join(folder, f"{role}.safetensors")) for role in config.roles},
             "torch": torch.__version__, "built": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -638,7 +656,7 @@ def main() -> int:
                              "quick: a smoke test)")
     parser.add_argument("--force", action="store_true", help="train again even if the cache has the bed")
     parser.add_argument("--quick", action="store_true", help="a tiny, barely trained bed (a smoke test)")
-    parser.add_argument("--train-one", choices=("high", "low"), help=argparse.SUPPRESS)
+    parser.add_argument("--train-one", choices=("high", "low", SINGLE), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -70,7 +70,7 @@ def test_each_bed_trains_on_its_own_data_deterministically():
             first, second = (testbed.flow_batch(world, "low", 2, torch.Generator().manual_seed(4), 0.1, size)
                              for _ in range(2))
             assert all(torch.equal(a, b) for a, b in zip(first[:4], second[:4]))
-            assert first[0].shape == (2, testbed.CHANNELS, *(size[0], size[1], size[1]))
+            assert first[0].shape == (2, config.channels, *(size[0], size[1], size[1]))
             if not config.vace:
                 assert first[4] is None and second[4] is None
                 continue
@@ -107,9 +107,9 @@ def test_the_short_context_attention_equals_attention_over_all_512_rows():
     assert torch.allclose(shortcut, reference, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", list(testbed.BEDS))
+@pytest.mark.parametrize("name", [*testbed.BEDS, *testbed.FAMILY])
 def test_clean_data_fits_its_own_template_and_noise_fits_none(name):
-    config = testbed.BEDS[name]
+    config = testbed.config_of(name)
     world = testbed.World(config)
     for size in config.sizes:
         data, classes = world.sample(4, torch.Generator().manual_seed(5), size)

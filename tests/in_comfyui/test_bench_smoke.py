@@ -6,7 +6,8 @@ name before anything starts. bench/gpu.py is tested by test_gpu_bench.py.
 Seconds each, measured 2026-12-05 on two CPU cores that two other processes kept busy (expect less on idle
 cores): bench.run 14, bench.endurance 46 (a server starts), bench.few_steps 15, bench.compile 50 (inductor
 compiles the whole model once), bench.parallel 36 (two Ray workers start); bench.quality about 75 on idle cores
-(its quick bed: 2 layers, 6 optimiser steps, into a temporary cache: no measuring bed is trained); the refusals
+(its quick bed: 2 layers, 6 optimiser steps, into a temporary cache: no measuring bed is trained), bench.family
+about 56 (a quick VACE bed likewise, with training beside it); the refusals
 well under a second all together (argparse, in this process).
 """
 
@@ -105,6 +106,19 @@ def test_bench_quality_quick(tmp_path, monkeypatch):
     assert all(row["block_cost"]["median"] > 0 for row in run["points"] if "refused" not in row)
     for name in ("quality_quick.md", "quality_quick.png", "quality_summary_quick.md"):
         assert (tmp_path / "results" / name).exists(), name
+
+
+def test_bench_family_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path / "beds"))
+    quick("bench.family", tmp_path / "results")
+    results = written(tmp_path / "results", "family_quick.json")
+    assert results["bed"]["name"] == "quick_vace" and results["config"]["quick"] and results["checks"] == []
+    [run] = results["step_counts"]
+    points = {p["name"]: p for p in run["points"]}
+    assert points["native"]["block_cost"] == 1 and points["native"]["rel_l2"] == 0
+    for setting in ("defaults", "target 0.1"):  # the same steps cached; fresh hints run the VACE blocks on them
+        assert points[f"{setting}, fresh"]["block_cost"] >= points[f"{setting}, cached"]["block_cost"]
+    assert "holds" not in (tmp_path / "results" / "family_quick.md").read_text()
 
 
 @pytest.mark.parametrize("module, args, option", [
