@@ -142,7 +142,7 @@ class StageCache:
     A stage whose prompts or batching change after that is stopped rather than cached wrongly."""
 
     backend = cache_dit_backend  # the cache method: the one module that talks to it (a test swaps in a double)
-    vace_hints = "fresh"  # VACE-Fun's hints on cached steps (vace_hints.HINTS)
+    vace_hints = "fresh"  # VACE-Fun's hints on cached steps (vace_hints.HINTS; bench/family.py measures both)
 
     def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF,
                  calls: StageCalls | None = None, share: float = 0.5):

@@ -7,7 +7,7 @@ Seconds each, measured 2026-12-05 on two CPU cores that two other processes kept
 cores): bench.run 14, bench.endurance 46 (a server starts), bench.few_steps 15, bench.compile 50 (inductor
 compiles the whole model once), bench.parallel 36 (two Ray workers start); bench.quality about 75 on idle cores
 (its quick bed: 2 layers, 6 optimiser steps, into a temporary cache: no measuring bed is trained), bench.family
-about 56 (a quick VACE bed likewise, with training beside it); the refusals
+about 60 (quick VACE and TI2V-5B beds likewise, with training beside it); the refusals
 well under a second all together (argparse, in this process).
 """
 
@@ -112,12 +112,18 @@ def test_bench_family_quick(tmp_path, monkeypatch):
     monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path / "beds"))
     quick("bench.family", tmp_path / "results")
     results = written(tmp_path / "results", "family_quick.json")
-    assert results["bed"]["name"] == "quick_vace" and results["config"]["quick"] and results["checks"] == []
-    [run] = results["step_counts"]
-    points = {p["name"]: p for p in run["points"]}
-    assert points["native"]["block_cost"] == 1 and points["native"]["rel_l2"] == 0
-    for setting in ("defaults", "target 0.1"):  # the same steps cached; fresh hints run the VACE blocks on them
-        assert points[f"{setting}, fresh"]["block_cost"] >= points[f"{setting}, cached"]["block_cost"]
+    assert results["config"]["quick"] and results["checks"] == []
+    assert {kind: bed["bed"]["name"] for kind, bed in results["beds"].items()} == {"vace": "quick_vace",
+                                                                                    "ti2v": "quick_ti2v"}
+    for kind, bed in results["beds"].items():
+        [run] = bed["step_counts"]
+        points = {p["name"]: p for p in run["points"]}
+        assert points["native"]["block_cost"] == 1 and points["native"]["rel_l2"] == 0
+        if kind == "ti2v":
+            assert set(points) == {"native", "defaults"} and points["defaults"]["fidelity"] is None
+            continue
+        for setting in ("defaults", "target 0.1", "TaylorSeer"):  # the same steps cached; fresh hints run VACE blocks
+            assert points[f"{setting}, fresh"]["block_cost"] >= points[f"{setting}, cached"]["block_cost"]
     assert "holds" not in (tmp_path / "results" / "family_quick.md").read_text()
 
 

@@ -223,7 +223,9 @@ def check_outcome(comfyui, result, prompt, specs):
 
 
 @pytest.fixture(scope="module")
-def graph(comfyui, tiny_models, parallel_experts):
+def graph(comfyui, tiny_models, parallel_experts, variant_experts):
+    # variant_experts: the Fun-InP, Fun-Control, Fun-Camera and VACE-Fun files in the models folder, so that the
+    # loaders' file inputs draw them too (run, or refused by name: unconditioned variants, mixed pairs)
     prompt = world(tiny_models, parallel_experts)
     specs = {node_id: input_specs(comfyui, node["class_type"]) for node_id, node in prompt.items()
              if comfyui_node(node["class_type"]).__module__.startswith(comfyui.pack_module.__name__)}
