@@ -35,9 +35,9 @@ class VaceCall:
         self.c = None  # per control entry, the VACE stream after the VACE blocks run so far
         self.x_orig = self.block_kwargs = None  # the first block's input and keyword arguments
         self.next = 0  # the next VACE block to run
-        self.hints: list[list] = []  # per VACE block run, its output per control entry (c_skip)
         self.ran: set[int] = set()  # the mapped main blocks that ran in this call
         self.middle_sum = None  # the hints of the skippable mapped blocks that ran, summed
+        self.skipped_sum = None  # ... of those the cache skipped, computed for this step ("fresh")
 
 
 class VaceHints:
@@ -95,10 +95,14 @@ class VaceHints:
             call.x_orig = args[0] if args else kwargs["x"]
             call.block_kwargs = {k: v for k, v in kwargs.items() if k != "x"}
 
-    def run_up_to(self, k: int) -> None:
-        """Runs the VACE blocks up to k (each once per call), as ComfyUI's loop runs them."""
+    def run_up_to(self, k: int, keep: bool = True) -> list | None:
+        """Runs the VACE blocks up to k (each once per call), as ComfyUI's loop runs them, and returns block k's
+        outputs (one per control entry) where `keep`. The others belong to main blocks the cache skipped: with
+        fresh hints the skippable ones are summed for the head, else dropped (only one block's outputs are held
+        at a time, as in ComfyUI's loop)."""
         call = self.call
         options = call.block_kwargs.get("transformer_options")
+        skips = None
         while call.next <= k:
             j, block, skips = call.next, self.model.vace_blocks[call.next], []
             if options is not None:
@@ -106,27 +110,27 @@ class VaceHints:
             for entry in range(len(call.c)):
                 c_skip, call.c[entry] = block(call.c[entry], x=call.x_orig, **call.block_kwargs)
                 skips.append(c_skip)
-            call.hints.append(skips)
             call.next += 1
             self.forwards += 1
+            if (j < k or not keep) and self.mode == "fresh" and self.main_of[j] in self.middle:
+                call.skipped_sum = add(call.skipped_sum, self.hint(skips))
+        return skips if keep else None
 
     def after_block(self, i, _module, _args, _kwargs, output):
         call = self.call
         if call is None:
             return None
-        k = self.mapping[i]
-        self.run_up_to(k)
-        for c_skip, strength in zip(call.hints[k], call.strength):
+        skips = self.run_up_to(self.mapping[i])
+        for c_skip, strength in zip(skips, call.strength):
             output = output + c_skip * strength
         call.ran.add(i)
         if i in self.middle and self.mode == "fresh":
-            hint = self.hint(k)
-            call.middle_sum = hint if call.middle_sum is None else call.middle_sum + hint
+            call.middle_sum = add(call.middle_sum, self.hint(skips))
         return output
 
-    def hint(self, k: int):
-        call = self.call
-        return sum(c_skip * strength for c_skip, strength in zip(call.hints[k], call.strength))
+    def hint(self, skips: list):
+        """A VACE block's hint: its outputs times their control's strength, summed over the control entries."""
+        return sum(c_skip * strength for c_skip, strength in zip(skips, self.call.strength))
 
     def before_head(self, _module, args):
         """After the blocks: a call that ran the skippable mapped blocks keeps their hints for its stream; one that
@@ -141,6 +145,9 @@ class VaceHints:
         last = self.last.get(call.stream)
         if last is None:  # cache-dit computes a stream's first call
             return None
-        self.run_up_to(max(self.mapping[i] for i in self.middle))
-        now = sum(self.hint(self.mapping[i]) for i in self.middle)
-        return (args[0] + (now - last), *args[1:])
+        self.run_up_to(max(self.mapping[i] for i in self.middle), keep=False)  # the skipped blocks' hints, summed
+        return (args[0] + (call.skipped_sum - last), *args[1:])
+
+
+def add(total, value):
+    return value if total is None else total + value
