@@ -221,6 +221,10 @@ class StageCache:
             out = executor(*args, **kwargs)
             self.outcome = self.backend.outcome(self.diffusion_model) if self.installed else None
             self.held = self.backend.held(self.diffusion_model) if self.installed else None
+            if self.vace is not None:  # the fresh hints' sums beside cache-dit's buffers
+                vace = self.vace.held()
+                self.held = {"bytes": self.held["bytes"] + vace["bytes"],
+                             "devices": sorted(set(self.held["devices"]) | set(vace["devices"]))}
             failed = False
             return out
         finally:

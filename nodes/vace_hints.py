@@ -67,6 +67,13 @@ class VaceHints:
         if self.mode == "fresh" and self.middle:
             self.handles.append(self.model.head.register_forward_pre_hook(self.before_head))
 
+    def held(self) -> dict:
+        """What the fresh hints keep between steps: per prompt stream, the skippable hints' sum (one hidden
+        state's size), as cache_dit_backend.held gives it."""
+        tensors = [t for t in self.last.values() if t is not None]
+        return {"bytes": sum(t.numel() * t.element_size() for t in tensors),
+                "devices": sorted({str(t.device) for t in tensors})}
+
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()

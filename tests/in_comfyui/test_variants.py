@@ -236,6 +236,9 @@ def test_vace_fresh_hints_follow_the_control_on_cached_steps_where_cached_hints_
         calls = fresh["block_forwards_without_cache"] // 4
         assert fresh["vace_block_forwards"] == 2 * calls  # both VACE blocks on every call
         assert cached["vace_block_forwards"] == 2 * calls - len(cached["cached_steps"])  # block 2's: computed only
+        # fresh hints keep one hidden state's size more (both prompts, batched): the skippable hints' sum
+        tokens = runs["fresh"][1].shape[2] * 4 * 4 + 4 * 4  # the trimmed frames and the reference frame, 2x2 patches
+        assert fresh["held_bytes"] - cached["held_bytes"] == 2 * tokens * 128 * 4, (fresh, cached)
     assert error["fresh"] < 1e-4 and error["cached"] > 100 * error["fresh"], error
 
 
