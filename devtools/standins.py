@@ -11,6 +11,7 @@ import os
 import sys
 
 import numpy as np
+import torch
 from PIL import Image
 
 from . import tiny_wan
@@ -28,10 +29,14 @@ EXPERT_FILES = {
 # test runs on them in place of the template's files (the one-head stand-ins above cannot be split).
 TWO_HEAD_FILES = {"high": "wan2.2_t2v_high_noise_14B_2heads_fp16.safetensors",
                   "low": "wan2.2_t2v_low_noise_14B_2heads_fp16.safetensors"}
+# VACE-Fun A14B's experts (ComfyUI's repackaged names), tiny VACE variants of the text-to-video stand-ins
+VACE_FILES = {"high": "wan2.2_fun_vace_high_noise_14B_bf16.safetensors",
+              "low": "wan2.2_fun_vace_low_noise_14B_bf16.safetensors"}
 UMT5 = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 VAE = "wan_2.1_vae.safetensors"
 TEXT_FOLDER = "Wan2.2-T2V-A14B-tiny-Diffusers"
 START_IMAGE = "wan22_example_start.png"
+CONTROL_IMAGE = "wan22_example_control.png"
 
 
 def write_tiny_vae(path: str) -> None:
@@ -61,6 +66,11 @@ def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: 
         if not os.path.isfile(path):
             expert = tiny_wan.make_expert("t2v", tiny_wan.EXPERT_SEEDS[("t2v", role)], dim=256, ffn_dim=512)
             tiny_wan.write_single_file(expert, path, "fp16")
+    for role, name in VACE_FILES.items():
+        path = os.path.join(models_dir, "diffusion_models", name)
+        if not os.path.isfile(path):
+            expert = tiny_wan.make_expert("t2v", tiny_wan.EXPERT_SEEDS[("t2v", role)])
+            tiny_wan.write_variant(expert, path, "vace", torch.bfloat16)
     lora_model = None
     for role, name in tiny_wan.LORA_NAMES.items():  # the LightX2V 4-step LoRAs of ComfyUI's own template
         path = os.path.join(models_dir, "loras", name)
@@ -91,3 +101,8 @@ def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: 
             y, x = np.mgrid[0:480, 0:832]
             rgb = np.stack([x * 255 // 831, y * 255 // 479, (x + y) * 255 // 1310], axis=-1).astype(np.uint8)
             Image.fromarray(rgb).save(image)
+        control = os.path.join(input_dir, CONTROL_IMAGE)
+        if not os.path.isfile(control):  # a white figure on black, as a pose or track control frame looks
+            y, x = np.mgrid[0:480, 0:832]
+            figure = ((x - 416) ** 2 / 60 ** 2 + (y - 240) ** 2 / 160 ** 2) < 1
+            Image.fromarray((np.repeat(figure[..., None], 3, axis=-1) * 255).astype(np.uint8)).save(control)

@@ -152,9 +152,10 @@ def variant_tensors(model: WanTransformer3DModel, variant: str, seed: int = 51) 
     return tensors
 
 
-def write_variant(model: WanTransformer3DModel, path: str, variant: str) -> str:
+def write_variant(model: WanTransformer3DModel, path: str, variant: str, dtype: torch.dtype = torch.float16) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    save_file(variant_tensors(model, variant), path, metadata={"format": "pt"})
+    tensors = {name: t.to(dtype) for name, t in variant_tensors(model, variant).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
     return path
 
 

@@ -4,7 +4,7 @@ frontend (and into API-format copies with the frontend's own graphToPrompt)."""
 from __future__ import annotations
 
 from .paths import import_pack
-from .standins import START_IMAGE, TEXT_FOLDER, UMT5, VAE
+from .standins import CONTROL_IMAGE, START_IMAGE, TEXT_FOLDER, UMT5, VACE_FILES, VAE
 from .tiny_wan import LORA_NAMES
 
 import_pack()
@@ -55,23 +55,24 @@ def schedule_widgets(sampler: str, steps: int, shift: float, scheduler: str = "s
     return {"sampler": sampler, "steps": steps, "flow_shift": shift, "boundary": "auto", "scheduler": scheduler}
 
 
-def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: int, shift: float) -> list[dict]:
+def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: int, shift: float,
+                           cache: dict = CACHE_DEFAULTS) -> list[dict]:
     return [
         node(4, "Wan22ExpertLoader", [20, 260], {"high_noise_model": high, "low_noise_model": low,
                                                  "weight_dtype": "default"}),
         node(5, "Wan22Schedule", [440, 560], schedule_widgets(sampler, steps, shift), {"experts": (4, 0)}),
-        node(6, "Wan22CacheDiT", [440, 900], dict(CACHE_DEFAULTS), {"experts": (4, 0)}),
+        node(6, "Wan22CacheDiT", [440, 900], dict(cache), {"experts": (4, 0)}),
     ]
 
 
 def sampler_and_outputs(latent_from, positive_from, negative_from, cfg, video: bool, prefix: str,
-                        experts_from=(6, 0), schedule_from=(5, 0)) -> list[dict]:
+                        experts_from=(6, 0), schedule_from=(5, 0), decode_from=(8, 0)) -> list[dict]:
     nodes = [
         node(8, "Wan22TwoStageSampler", [880, 380], {"seed": 42, "cfg_high": cfg[0], "cfg_low": cfg[1]},
              {"experts": experts_from, "schedule": schedule_from, "positive": positive_from,
               "negative": negative_from, "latent_image": latent_from}),
         node(9, "VAELoader", [880, 780], {"vae_name": VAE}),
-        node(10, "VAEDecode", [1320, 40], links={"samples": (8, 0), "vae": (9, 0)}),
+        node(10, "VAEDecode", [1320, 40], links={"samples": decode_from, "vae": (9, 0)}),
         node(13, "PreviewImage", [1320, 240], links={"images": (8, 2)}, title="Timeline"),
         node(14, "PreviewAny", [1320, 640], links={"source": (8, 1)}, title="Report"),
     ]
@@ -136,6 +137,33 @@ def i2v() -> dict:
              {"positive": (2, 0), "negative": (3, 0), "vae": (16, 0), "start_image": (15, 0)}),
     ]
     nodes += sampler_and_outputs((7, 2), (7, 0), (7, 1), (3.5, 3.5), True, "video/wan22_i2v")
+    return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
+                                       model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
+def vace() -> dict:
+    """VACE-Fun A14B with the cache: ComfyUI's WanVaceToVideo (a control image, e.g. a pose or depth frame, held
+    over the frames; a reference image) conditions the experts, the sampler's Cache-DiT keeps VACE's hints
+    fresh on cached steps, and TrimVideoLatent takes the reference frame off before the decode, as ComfyUI's VACE
+    template does. Text-to-video's schedule (VACE-Fun is built on Wan2.2 T2V A14B: boundary 0.875). Its cache is
+    the node's own defaults (the error criterion): it was never saved with another value, and the VACE bed's
+    figures are at these defaults."""
+    high, low = VACE_FILES["high"], VACE_FILES["low"]
+    nodes = native_text("A red fox trots through fresh snow in a birch forest at sunrise, following the pose of the "
+                        "control frames.")
+    nodes += experts_schedule_cache("t2v", high, low, "uni_pc", 40, 12.0, {"enabled": True, **CachePlan().node_inputs()})
+    nodes += [
+        node(15, "LoadImage", [20, 480], {"image": START_IMAGE}, title="Reference Image"),
+        node(17, "LoadImage", [20, 1200], {"image": CONTROL_IMAGE}, title="Control (pose, depth or track)"),
+        node(16, "VAELoader", [20, 900], {"vae_name": VAE}),
+        node(7, "WanVaceToVideo", [880, 40], {"width": 832, "height": 480, "length": 81, "batch_size": 1,
+                                              "strength": 1.0},
+             {"positive": (2, 0), "negative": (3, 0), "vae": (16, 0), "control_video": (17, 0),
+              "reference_image": (15, 0)}),
+        node(18, "TrimVideoLatent", [1320, 900], links={"samples": (8, 0), "trim_amount": (7, 3)},
+             title="Trim the reference frame"),
+    ]
+    nodes += sampler_and_outputs((7, 2), (7, 0), (7, 1), (4.0, 3.0), True, "video/wan22_vace", decode_from=(18, 0))
     return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
 
@@ -282,4 +310,5 @@ WORKFLOWS = {
     "wan22_t2v_a14b_template_cachedit_model": t2v_template_cachedit_model,
     "wan22_tiny_demo": tiny_demo,
     "wan22_t2v_a14b_parallel": t2v_parallel,
+    "wan22_vace_a14b_cachedit": vace,
 }

@@ -1,14 +1,15 @@
 """Every benchmark of `make bench` run in its quick mode, as a command, so that a change that breaks one fails
-the suite instead of `make bench`: each exits 0 and writes its *_quick results, holding what the full run
-writes, into a temporary folder (never over bench/results). Counts a benchmark cannot use are refused by
-name before anything starts. bench/gpu.py is tested by test_gpu_bench.py.
+the suite instead of `make bench` (bench.parallel's and bench.family's in `make test-slow`, which CI runs too):
+each exits 0 and writes its *_quick results, holding what the full run writes, into a temporary folder (never
+over bench/results). Counts a benchmark cannot use are refused by name before anything starts. bench/gpu.py is
+tested by test_gpu_bench.py.
 
-Seconds each, measured 2026-12-05 on two CPU cores that two other processes kept busy (expect less on idle
-cores): bench.run 14, bench.endurance 46 (a server starts), bench.few_steps 15, bench.compile 50 (inductor
-compiles the whole model once), bench.parallel 36 (two Ray workers start); bench.quality about 75 on idle cores
-(its quick bed: 2 layers, 6 optimiser steps, into a temporary cache: no measuring bed is trained), bench.family
-about 60 (quick VACE and TI2V-5B beds likewise, with training beside it); the refusals
-well under a second all together (argparse, in this process).
+Seconds each, measured 2026-12-05 on two CPU cores that other processes kept busy (expect less on idle cores):
+bench.run 14, bench.endurance 18 to 46 (a server starts), bench.few_steps 15, bench.compile 47 to 50 (inductor
+compiles the whole model once), bench.parallel 36 to 107 (two Ray workers start); bench.quality about 75 (its
+quick bed: 2 layers, 6 optimiser steps, into a temporary cache: no measuring bed is trained), bench.family about
+64 (quick VACE and TI2V-5B beds likewise); the refusals well under a second all together (argparse, in this
+process).
 """
 
 import json
@@ -77,6 +78,7 @@ def test_bench_compile_quick(tmp_path):
     assert results["config"]["quick"] and (tmp_path / "compile_quick.md").exists()
 
 
+@pytest.mark.slow  # two Ray workers start: in make test-slow, which CI runs, to keep make test under 20 minutes
 def test_bench_parallel_quick(tmp_path):
     pytest.importorskip("ray", reason="the parallel plan needs Ray (requirements-dev.txt)")
     pytest.importorskip("yunchang", reason="the parallel plan needs yunchang (requirements-dev.txt)")
@@ -108,6 +110,7 @@ def test_bench_quality_quick(tmp_path, monkeypatch):
         assert (tmp_path / "results" / name).exists(), name
 
 
+@pytest.mark.slow  # two quick beds train first: in make test-slow, which CI runs (make test under 20 minutes)
 def test_bench_family_quick(tmp_path, monkeypatch):
     monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path / "beds"))
     quick("bench.family", tmp_path / "results")
