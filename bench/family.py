@@ -87,22 +87,10 @@ def track(world, latent: torch.Tensor, control: torch.Tensor, cls: int) -> dict:
     return {"distance": distance, "fidelity": 1 - distance / world.chance_distance(cls, frames, side)}
 
 
-class VaceCounter:
-    """The VACE blocks that run, by forward hooks on both experts' VACE blocks."""
-
-    def __init__(self, models: dict):
-        self.count = 0
-        for model in models.values():
-            for block in model.model.diffusion_model.vace_blocks:
-                block.register_forward_hook(self.hook)
-
-    def hook(self, _module, _args, _output):
-        self.count += 1
-
-
 def points(runs, methods) -> dict:
-    """name -> (design, setting, patch) for the cached points: on a VACE bed each design at the defaults and at
-    AGGRESSIVE; on the 5B bed the MODEL node at its own defaults (one KSampler: its sample call is the stage)."""
+    """name -> (design, setting, patch) for the cached points: on a VACE bed each design at the defaults, at each of
+    TARGETS and with TaylorSeer; on the 5B bed the MODEL node at its own defaults (one KSampler: its sample call
+    is the stage)."""
     if runs.bed.config.single:
         node = methods.node
         inputs = {i.id: i.default for i in node.define_schema().inputs if i.id != "model"}
@@ -222,7 +210,7 @@ def measure_bed(name: str, steps: list, quick: bool) -> dict:
 
     bed = testbed.build(name)
     runs = BedRuns(tempfile.mkdtemp(prefix="wan22-family-"), bed, testbed.World(bed.config))
-    counters = BlockCounter(runs.models), VaceCounter(runs.models) if bed.config.vace else None
+    counters = BlockCounter(runs.models), BlockCounter(runs.models, "vace_blocks") if bed.config.vace else None
     return {"bed": {k: bed.log[k] for k in ("key", "name", "role", "config", "training_wall_s", "sha256",
                                             "generation")},
             "step_counts": [measure_steps(runs, counters, s, quick, print) for s in steps]}

@@ -126,12 +126,13 @@ class Methods:
 
 class BlockCounter:
     """Counts the transformer blocks that run, by forward hooks on both experts' blocks (which cache-dit
-    calls one by one when it computes them; a cached step or an EasyCache skip runs none of them)."""
+    calls one by one when it computes them; a cached step or an EasyCache skip runs none of them); `part`: which
+    block list ("vace_blocks": VACE-Fun's VACE blocks)."""
 
-    def __init__(self, models: dict):
+    def __init__(self, models: dict, part: str = "blocks"):
         self.count = 0
         for model in models.values():
-            for block in model.model.diffusion_model.blocks:
+            for block in getattr(model.model.diffusion_model, part):
                 block.register_forward_hook(self.hook)
 
     def hook(self, _module, _args, _output):
