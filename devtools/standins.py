@@ -32,27 +32,31 @@ TWO_HEAD_FILES = {"high": "wan2.2_t2v_high_noise_14B_2heads_fp16.safetensors",
 # VACE-Fun A14B's experts (ComfyUI's repackaged names), tiny VACE variants of the text-to-video stand-ins
 VACE_FILES = {"high": "wan2.2_fun_vace_high_noise_14B_bf16.safetensors",
               "low": "wan2.2_fun_vace_low_noise_14B_bf16.safetensors"}
+TI2V_FILE = "wan2.2_ti2v_5B_fp16.safetensors"  # TI2V-5B, one transformer: a tiny 48-channel stand-in
 UMT5 = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 VAE = "wan_2.1_vae.safetensors"
+VAE22 = "wan2.2_vae.safetensors"  # TI2V-5B's VAE: full size only (vae22_standin.py)
 TEXT_FOLDER = "Wan2.2-T2V-A14B-tiny-Diffusers"
 START_IMAGE = "wan22_example_start.png"
 CONTROL_IMAGE = "wan22_example_control.png"
 
 
-def write_tiny_vae(path: str) -> None:
-    """ComfyUI's own Wan VAE class writes the file; ComfyUI must be importable on the CPU."""
+def comfyui_on_the_cpu() -> None:
+    """ComfyUI importable, on the CPU: the VAE writers build ComfyUI's own VAE classes."""
     if COMFYUI_DIR not in sys.path:
         sys.path.append(COMFYUI_DIR)
     if "comfy.model_management" not in sys.modules:
         from comfy.cli_args import args
         args.cpu = True
-    tiny_wan.write_tiny_wan_vae(path)
 
 
-def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: bool = False) -> None:
+
+def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: bool = False,
+                   working_vae22: bool = False) -> None:
     """Writes what is missing (a second call with everything present writes nothing). `working_umt5`:
     a full-size umt5-xxl stand-in that ComfyUI's text encoder really runs (6.7 GB, see umt5_standin.py)
-    instead of the unreadable placeholder."""
+    instead of the unreadable placeholder; `working_vae22`: likewise the Wan2.2 VAE (1.4 GB, see
+    vae22_standin.py)."""
     experts = {}
     for name, (task, role, fmt) in EXPERT_FILES.items():
         path = os.path.join(models_dir, "diffusion_models", name)
@@ -71,6 +75,9 @@ def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: 
         if not os.path.isfile(path):
             expert = tiny_wan.make_expert("t2v", tiny_wan.EXPERT_SEEDS[("t2v", role)])
             tiny_wan.write_variant(expert, path, "vace", torch.bfloat16)
+    ti2v = os.path.join(models_dir, "diffusion_models", TI2V_FILE)
+    if not os.path.isfile(ti2v):
+        tiny_wan.write_single_file(tiny_wan.make_expert("ti2v", 9), ti2v, "fp16")
     lora_model = None
     for role, name in tiny_wan.LORA_NAMES.items():  # the LightX2V 4-step LoRAs of ComfyUI's own template
         path = os.path.join(models_dir, "loras", name)
@@ -89,7 +96,17 @@ def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: 
             f.write(b"stand-in: ComfyUI's umt5-xxl has a fixed 5.7B-parameter config and cannot be tiny\n")
     vae = os.path.join(models_dir, "vae", VAE)
     if not os.path.isfile(vae):
-        write_tiny_vae(vae)
+        comfyui_on_the_cpu()
+        tiny_wan.write_tiny_wan_vae(vae)
+    vae22 = os.path.join(models_dir, "vae", VAE22)
+    if working_vae22 and (not os.path.isfile(vae22) or os.path.getsize(vae22) < 2**30):
+        from .vae22_standin import write_wan22_vae_standin
+
+        comfyui_on_the_cpu()
+        write_wan22_vae_standin(vae22)
+    elif not os.path.isfile(vae22):
+        with open(vae22, "wb") as f:
+            f.write(b"stand-in: ComfyUI builds the Wan2.2 VAE at full size; see devtools/vae22_standin.py\n")
     folder = os.path.join(models_dir, "diffusers", TEXT_FOLDER)
     if not os.path.isdir(os.path.join(folder, "text_encoder")):
         tiny_wan.write_diffusers_folder(folder, None, None, boundary_ratio=0.875)

@@ -4,7 +4,7 @@ frontend (and into API-format copies with the frontend's own graphToPrompt)."""
 from __future__ import annotations
 
 from .paths import import_pack
-from .standins import CONTROL_IMAGE, START_IMAGE, TEXT_FOLDER, UMT5, VACE_FILES, VAE
+from .standins import CONTROL_IMAGE, START_IMAGE, TEXT_FOLDER, TI2V_FILE, UMT5, VACE_FILES, VAE, VAE22
 from .tiny_wan import LORA_NAMES
 
 import_pack()
@@ -66,18 +66,22 @@ def experts_schedule_cache(task: str, high: str, low: str, sampler: str, steps: 
 
 
 def sampler_and_outputs(latent_from, positive_from, negative_from, cfg, video: bool, prefix: str,
-                        experts_from=(6, 0), schedule_from=(5, 0), decode_from=(8, 0)) -> list[dict]:
+                        experts_from=(6, 0), schedule_from=(5, 0), decode_from=(8, 0), vae_from=None,
+                        fps: float = 16.0) -> list[dict]:
+    """The sampler, the decode (with its own VAE Loader unless `vae_from` gives one), the timeline, the report
+    and the video (at `fps`) or image output."""
     nodes = [
         node(8, "Wan22TwoStageSampler", [880, 380], {"seed": 42, "cfg_high": cfg[0], "cfg_low": cfg[1]},
              {"experts": experts_from, "schedule": schedule_from, "positive": positive_from,
               "negative": negative_from, "latent_image": latent_from}),
-        node(9, "VAELoader", [880, 780], {"vae_name": VAE}),
-        node(10, "VAEDecode", [1320, 40], links={"samples": decode_from, "vae": (9, 0)}),
+        node(10, "VAEDecode", [1320, 40], links={"samples": decode_from, "vae": vae_from or (9, 0)}),
         node(13, "PreviewImage", [1320, 240], links={"images": (8, 2)}, title="Timeline"),
         node(14, "PreviewAny", [1320, 640], links={"source": (8, 1)}, title="Report"),
     ]
+    if vae_from is None:
+        nodes.insert(1, node(9, "VAELoader", [880, 780], {"vae_name": VAE}))
     if video:
-        nodes += [node(11, "CreateVideo", [1760, 40], {"fps": 16.0}, {"images": (10, 0)}),
+        nodes += [node(11, "CreateVideo", [1760, 40], {"fps": fps}, {"images": (10, 0)}),
                   node(12, "SaveVideo", [1760, 240], {"filename_prefix": prefix, "format": "auto", "codec": "auto"},
                        {"video": (11, 0)})]
     else:
@@ -166,6 +170,29 @@ def vace() -> dict:
     nodes += sampler_and_outputs((7, 2), (7, 0), (7, 1), (4.0, 3.0), True, "video/wan22_vace", decode_from=(18, 0))
     return {"nodes": nodes, "models": [model(high, "diffusion_models"), model(low, "diffusion_models"),
                                        model(UMT5, "text_encoders"), model(VAE, "vae")]}
+
+
+def ti2v_5b() -> dict:
+    """TI2V-5B with the cache, in the official 5B template's shape: one transformer (loaded alone, so the schedule
+    has one stage and the sampler's cfg_high is the run's CFG), the Wan2.2 VAE's Wan22ImageToVideoLatent with a
+    start image (leave it out for text-to-video), uni_pc/simple 20 steps, shift 8, CFG 5, 1280x704x121 at 24 fps.
+    Its cache is the node's own defaults (a new workflow, never saved with other values)."""
+    nodes = native_text("The scene comes alive: light shifts slowly across the frame as the camera pushes in.")
+    nodes += [
+        node(4, "Wan22ExpertLoader", [20, 260], {"high_noise_model": TI2V_FILE, "low_noise_model": "none",
+                                                 "weight_dtype": "default"}, title="Load TI2V-5B (one transformer)"),
+        node(5, "Wan22Schedule", [440, 560], schedule_widgets("uni_pc", 20, 8.0), {"experts": (4, 0)}),
+        node(6, "Wan22CacheDiT", [440, 900], {"enabled": True, **CachePlan().node_inputs()}, {"experts": (4, 0)}),
+        node(15, "LoadImage", [20, 480], {"image": START_IMAGE}, title="Start Image"),
+        node(9, "VAELoader", [20, 900], {"vae_name": VAE22}, title="Load the Wan2.2 VAE"),
+        node(7, "Wan22ImageToVideoLatent", [880, 40], {"width": 1280, "height": 704, "length": 121,
+                                                       "batch_size": 1},
+             {"vae": (9, 0), "start_image": (15, 0)}),
+    ]
+    nodes += sampler_and_outputs((7, 0), (2, 0), (3, 0), (5.0, 5.0), True, "video/wan22_ti2v_5b", vae_from=(9, 0),
+                                 fps=24.0)
+    return {"nodes": nodes, "models": [model(TI2V_FILE, "diffusion_models"), model(UMT5, "text_encoders"),
+                                       model(VAE22, "vae")]}
 
 
 def template_loaders(high: str, low: str) -> list[dict]:
@@ -311,4 +338,5 @@ WORKFLOWS = {
     "wan22_tiny_demo": tiny_demo,
     "wan22_t2v_a14b_parallel": t2v_parallel,
     "wan22_vace_a14b_cachedit": vace,
+    "wan22_ti2v_5b_cachedit": ti2v_5b,
 }

@@ -241,20 +241,21 @@ def newest_frontend_server(standin_base, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def native_text_server(tmp_path_factory):
-    """A real ComfyUI server whose umt5 stand-in really runs: full size (6.7 GB, deleted afterwards; see
-    devtools/umt5_standin.py), so every native node of the shipped workflows and of ComfyUI's own template
-    runs. One for the whole session: the file is written once, and ComfyUI's cache keeps text encodings that
-    several prompts share."""
+    """A real ComfyUI server whose umt5 and Wan2.2 VAE stand-ins really run: full size (6.7 GB and 1.4 GB, deleted
+    afterwards; see devtools/umt5_standin.py and vae22_standin.py), so every native node of the shipped workflows
+    and of ComfyUI's own template runs. One for the whole session: the files are written once, and ComfyUI's cache
+    keeps text encodings that several prompts share."""
     from devtools.comfy_server import ComfyServer
-    from devtools.standins import UMT5, write_standins
+    from devtools.standins import UMT5, VAE22, write_standins
 
     base = tmp_path_factory.mktemp("native_text_base")
-    write_standins(str(base / "models"), str(base / "input"), working_umt5=True)
+    write_standins(str(base / "models"), str(base / "input"), working_umt5=True, working_vae22=True)
     try:
         with ComfyServer(str(base)) as running:
             yield running
     finally:
         os.remove(base / "models" / "text_encoders" / UMT5)
+        os.remove(base / "models" / "vae" / VAE22)
 
 
 PARALLEL_NAMES = "wan2.2_{task}_{role}_noise_14B_2heads_fp16.safetensors"

@@ -40,7 +40,8 @@ def with_tiny_size(prompt, steps=8):
     seconds here)."""
     prompt = copy.deepcopy(prompt)
     for node in prompt.values():
-        if node["class_type"] in ("EmptyHunyuanLatentVideo", "WanImageToVideo", "WanVaceToVideo"):
+        if node["class_type"] in ("EmptyHunyuanLatentVideo", "WanImageToVideo", "WanVaceToVideo",
+                                  "Wan22ImageToVideoLatent"):
             node["inputs"].update(width=64, height=64, length=min(node["inputs"]["length"], 5))
         if node["class_type"] == "Wan22Schedule" and steps is not None:
             node["inputs"]["steps"] = steps

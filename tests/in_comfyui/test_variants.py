@@ -308,3 +308,63 @@ def test_ti2v_5b_runs_alone_equal_to_comfyuis_ksampler_and_its_cache_repeats_and
     assert not torch.equal(native[0], native[1]) and torch.equal(native[1], native[3])
     assert not torch.equal(native[1], native[2])
     assert leftovers(comfyui.cached_output("10")[0][0].model.diffusion_model) == []
+
+
+@pytest.fixture
+def wan22_vae(comfyui, tiny_models):
+    """The Wan2.2 VAE (TI2V-5B's, 48 channels) in the models folder: ComfyUI builds it at full size whatever the
+    file holds, so the stand-in is full size (1.4 GB, devtools/vae22_standin.py), written for the test and removed."""
+    from devtools.standins import VAE22
+    from devtools.vae22_standin import write_wan22_vae_standin
+
+    path = write_wan22_vae_standin(os.path.join(tiny_models["dir"], "vae", VAE22))
+    try:
+        yield VAE22
+    finally:
+        os.remove(path)
+
+
+def with_5b_start_image(prompt: dict, image: str, vae: str) -> dict:
+    """The official TI2V-5B template's image-to-video graph: Wan22ImageToVideoLatent encodes the start image
+    with the Wan2.2 VAE into the first latent frame and masks that frame out of the denoising (noise_mask)."""
+    p = with_5b_latent(prompt)
+    p["112"] = {"class_type": "LoadImage", "inputs": {"image": image}}
+    p["113"] = {"class_type": "VAELoader", "inputs": {"vae_name": vae}}
+    p["4"] = {**p["4"], "inputs": {**p["4"]["inputs"], "start_image": ["112", 0]}}
+    return p
+
+
+def test_ti2v_5b_with_a_start_image_equals_comfyuis_ksampler_keeps_the_image_and_its_cache_repeats(
+        comfyui, tiny_models, image, wan22_vae):
+    """TI2V-5B's image-to-video path, the official template's shape: Wan22ImageToVideoLatent's start image (its
+    latent frame, its noise mask, so the model sees a timestep per frame). Uncached, our loader, schedule and
+    sampler are bit-identical to ComfyUI's own KSampler graph on the same files and keep the start image's frame;
+    cached, the run caches, keeps that frame, repeats bit for bit (seeds A, B, A) and leaves nothing on the model."""
+    name = tiny_models["broken"]["wan_5b"]
+    run = dict(sampler="euler", steps=6, flow_shift=5.0)
+
+    def ours(seed, cache=None):
+        prompt = our_prompt(loader(high=name), text_folder(tiny_models), seed=seed, cfg=(3.5, 3.5), cache=cache,
+                            **run)
+        result = run_ok(comfyui, with_5b_start_image(prompt, image, wan22_vae))
+        return report_of(result), latent_of(comfyui, FINAL["ours"])
+
+    report, uncached = ours(4)
+    assert report["split"] == {"high": 6, "low": 0}
+    start = comfyui.cached_output("4")[0][0]
+    assert start["noise_mask"][:, :, 0].eq(0).all() and start["noise_mask"][:, :, 1:].eq(1).all()
+    run_ok(comfyui, with_5b_start_image(one_ksampler_prompt(name, text_folder(tiny_models), seed=4, cfg=3.5, **run),
+                                        image, wan22_vae))
+    assert torch.equal(uncached, latent_of(comfyui, "17"))
+    kept = start["samples"][:, :, :1]  # the masked frame comes back as it went in (up to the latent format's rounding)
+    assert torch.allclose(uncached[:, :, :1], kept, atol=1e-5) and not torch.allclose(uncached[:, :, 1:],
+                                                                                       start["samples"][:, :, 1:])
+    latents = []
+    for seed in (4, 5, 4):
+        report, latent = ours(seed, cache=CACHING)
+        assert report["cache"]["high"]["cached_steps"], report["cache"]
+        assert torch.allclose(latent[:, :, :1], kept, atol=1e-5)
+        assert all(leftovers(m) == [] for m in diffusion_models(comfyui).values())
+        latents.append(latent)
+    assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
+    assert not torch.equal(latents[0], uncached)
