@@ -225,12 +225,13 @@ def with_model_caches(native: dict, high: dict | None = None, low: dict | None =
 # --- three stages: a lead stage ("41") in front of the main schedule ---
 
 def three_stage_prompt(tiny, *, lead_steps=24, start_step=1, lead_cfg=3.5, steps=8, flow_shift=5.0, sampler="euler",
-                       scheduler="simple", cfg=(1.0, 1.0), lora=True, cache=None, **run):
+                       scheduler="simple", cfg=(1.0, 1.0), lora=True, cache=None, experts=None, **run):
     """The three-stage LightX2V recipe on our nodes: the lead on the loader's experts ("1", no LoRA), the
-    main stages on the LoRA node's ("40"), the lead node "41" between the schedule and the sampler."""
+    main stages on the LoRA node's ("40"), the lead node "41" between the schedule and the sampler.
+    `experts`: (high, low) files, the tiny text-to-video ones unless given."""
     loras = tiny["loras"]
-    p = our_prompt(loader(*expert_files(tiny)), text_folder(tiny), sampler=sampler, scheduler=scheduler, steps=steps,
-                   flow_shift=flow_shift, cfg=cfg, cache=cache,
+    p = our_prompt(loader(*(experts or expert_files(tiny))), text_folder(tiny), sampler=sampler, scheduler=scheduler,
+                   steps=steps, flow_shift=flow_shift, cfg=cfg, cache=cache,
                    lora={"high": loras["high"], "low": loras["low"]} if lora else None, **run)
     p["41"] = lead_node(lead_steps=lead_steps, start_step=start_step, cfg=lead_cfg)
     p["5"]["inputs"]["schedule"] = ["41", 0]
@@ -244,14 +245,16 @@ def lead_node(schedule_from="2", experts_from="1", lead_steps=24, start_step=1, 
 
 
 def native_three_ksamplers(tiny, *, switch, lead_steps=24, lead_end=3, start_step=1, lead_cfg=3.5, steps=8,
-                           flow_shift=5.0, sampler="euler", scheduler="simple", cfg=(1.0, 1.0), seed=0, **run):
-    """The three-stage recipe as people build it by hand: the template's graph with the LightX2V LoRAs, and a
-    KSamplerAdvanced "20" in front on the high-noise expert without them ("21": its ModelSamplingSD3), steps 0
-    to `lead_end` of its own `lead_steps`; the main high stage "16" then runs from `start_step`."""
+                           flow_shift=5.0, sampler="euler", scheduler="simple", cfg=(1.0, 1.0), seed=0, lora=True,
+                           experts=None, **run):
+    """The three-stage recipe as people build it by hand: the template's graph with the LightX2V LoRAs (unless
+    `lora` is False), and a KSamplerAdvanced "20" in front on the high-noise expert without them ("21": its
+    ModelSamplingSD3), steps 0 to `lead_end` of its own `lead_steps`; the main high stage "16" then runs from
+    `start_step`. `experts`: as three_stage_prompt's."""
     loras = tiny["loras"]
-    p = native_prompt(*expert_files(tiny), text_folder(tiny), switch=switch, sampler=sampler, scheduler=scheduler,
-                      steps=steps, flow_shift=flow_shift, seed=seed, cfg=cfg,
-                      loras={"high": (loras["high"], 1.0), "low": (loras["low"], 1.0)}, **run)
+    p = native_prompt(*(experts or expert_files(tiny)), text_folder(tiny), switch=switch, sampler=sampler,
+                      scheduler=scheduler, steps=steps, flow_shift=flow_shift, seed=seed, cfg=cfg,
+                      loras={"high": (loras["high"], 1.0), "low": (loras["low"], 1.0)} if lora else None, **run)
     p["21"] = {"class_type": "ModelSamplingSD3", "inputs": {"model": ["10", 0], "shift": flow_shift}}
     p["20"] = {"class_type": "KSamplerAdvanced",
                "inputs": {**{k: p["16"]["inputs"][k] for k in ("noise_seed", "sampler_name", "scheduler", "positive",

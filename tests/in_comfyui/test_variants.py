@@ -16,8 +16,8 @@ from devtools import tiny_wan
 
 from .cache_state import leftovers
 from .prompts import (CACHING, FINAL, NEVER, TINY_VAE, bridged, cache_model_node, diffusion_models, failed_at_run,
-                      latent_of, loader, native_prompt, one_ksampler_prompt, our_prompt, report_of, run_ok,
-                      text_folder, with_model_caches)
+                      latent_of, loader, native_prompt, native_three_ksamplers, one_ksampler_prompt, our_prompt,
+                      report_of, run_ok, text_folder, three_stage_prompt, with_model_caches)
 
 RUN = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4, cfg=(3.5, 3.5))
 MODEL_CACHING = {"residual_diff_threshold": CACHING["residual_diff_threshold"], "warmup_steps": 1}  # as CACHING
@@ -185,6 +185,43 @@ def test_vace_experts_cache_on_the_pack_loader_and_on_comfyuis_graph_repeat_and_
     uncached = native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], **RUN)
     run_ok(comfyui, conditioned(uncached, ["16", "17"], "vace", image))
     assert not torch.equal(native[0], latent_of(comfyui, TRIMMED["native"])), "the MODEL node cached nothing"
+
+
+def test_vace_experts_in_three_stages_equal_comfyuis_three_ksamplers_and_cached_keep_their_hints_fresh(
+        comfyui, tiny_models, variant_experts, image):
+    """The three-stage recipe on VACE-Fun A14B: a lead stage (24 steps of its own, CFG 3.5, handing over at the main
+    schedule's step 1) on the high-noise expert, then the two main stages at CFG 1. Uncached it equals the same
+    recipe built from three KSamplerAdvanced with WanVaceToVideo's conditioning, trimmed, bit for bit; cached,
+    each of the three stages caches in a context of its own with every VACE block run on every call, seeds A, B, A
+    repeat, and nothing stays on the models."""
+    experts = (variant_experts[("vace", "high")], variant_experts[("vace", "low")])
+    run = dict(lora=False, experts=experts, width=64, height=64, length=5)
+
+    def ours(seed, cache=None):
+        result = run_ok(comfyui, conditioned(three_stage_prompt(tiny_models, seed=seed, cache=cache, **run), ["5"],
+                                             "vace", image))
+        return report_of(result), latent_of(comfyui, TRIMMED["ours"])
+
+    report, uncached = ours(3)
+    assert report["split"] == {"lead": 3, "high": 3, "low": 4} and report["lead"]["hand_off_exact"] is True
+    native = native_three_ksamplers(tiny_models, switch=1 + report["split"]["high"], seed=3, **run)
+    run_ok(comfyui, conditioned(native, ["20", "16", "17"], "vace", image))
+    assert torch.equal(uncached, latent_of(comfyui, TRIMMED["native"]))
+    latents = []
+    for seed in (3, 4, 3):
+        report, latent = ours(seed, cache={**CACHING, "low_max_cached_steps": -1})
+        for stage in ("lead", "high", "low"):
+            stats = report["cache"][stage]
+            assert stats["cached"] is True and stats["evaluations"] == report["split"][stage], (stage, stats)
+            assert stats["vace_hints"] == "fresh", stats
+            calls = stats["block_forwards_without_cache"] // 4  # the transformer calls (4 blocks each)
+            assert stats["vace_block_forwards"] == tiny_wan.VACE_BLOCKS * calls, (stage, stats)
+        assert any(report["cache"][stage]["cached_steps"] for stage in ("lead", "high", "low")), report["cache"]
+        for name, model in diffusion_models(comfyui).items():
+            assert model.vace_layers_mapping == {0: 0, 2: 1} and leftovers(model) == [], name
+        latents.append(latent)
+    assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
+    assert not torch.equal(latents[0], uncached)
 
 
 def test_vace_experts_on_the_parallel_plan_are_refused_naming_the_experts(comfyui, variant_experts):
