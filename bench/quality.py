@@ -43,6 +43,7 @@ Writes bench/results/quality_<bed>.{json,md,png} and quality.md (the beds side b
 
     .venv/bin/python -m bench.quality [--bed tuning deep wide] [--steps 20 40 ...] [--jobs 2] [--quick]
     .venv/bin/python -m bench.quality --choose     # the constants the tuning bed's results choose
+    .venv/bin/python -m bench.quality --budgets    # the budgets' points again, into the kept results (minutes)
 """
 
 from __future__ import annotations
@@ -528,8 +529,9 @@ def write_summary(beds: dict, folder: str, name: str) -> None:
 
 # --- the runs ---
 
-def measure_bed(name: str, steps: list, quick: bool, log=print) -> dict:
-    """One bed's measurements at `steps` in this process (its ComfyUI, its experts loaded once)."""
+def measure_bed(name: str, steps: list, quick: bool, log=print, budgets_only: bool = False) -> dict:
+    """One bed's measurements at `steps` in this process (its ComfyUI, its experts loaded once); `budgets_only`:
+    the budget points alone."""
     from devtools import testbed
     from devtools.bed_runs import BedRuns
 
@@ -540,9 +542,13 @@ def measure_bed(name: str, steps: list, quick: bool, log=print) -> dict:
     out = {"step_counts": []}
     for s in steps:
         begun = time.perf_counter()
-        out["step_counts"].append(measure_steps(runs, counter, methods, s, quick, log))
+        if budgets_only:
+            points = measure_budgets(runs, counter, {**RUNS[s], "steps": s}, quick, log)
+            out["step_counts"].append({"steps": s, "points": points})
+        else:
+            out["step_counts"].append(measure_steps(runs, counter, methods, s, quick, log))
         log(f"[quality] {name}, {s} steps in {time.perf_counter() - begun:.0f} s")
-    if bed.role in ("tuning", "quick") and any(s in MAIN_STEPS for s in steps):
+    if bed.role in ("tuning", "quick") and any(s in MAIN_STEPS for s in steps) and not budgets_only:
         out["single_steps"] = [measure_single_steps(runs, s, quick, log) for s in steps if s in MAIN_STEPS]
         out["state"] = measure_state(runs, methods, log)
     restore(runs)
@@ -572,7 +578,8 @@ def in_parts(units: list, args) -> list:
         for i, group in enumerate(g for g in groups if g):
             part = os.path.join(tmp, f"part{i}.json")
             command = [sys.executable, "-m", "bench.quality", "--part", part, "--units", json.dumps(group)]
-            procs.append((part, subprocess.Popen(command + (["--quick"] if args.quick else []), cwd=ROOT)))
+            command += ["--quick"] if args.quick else []
+            procs.append((part, subprocess.Popen(command + (["--budgets"] if args.budgets else []), cwd=ROOT)))
         parts = []
         for part, proc in procs:
             if proc.wait() != 0:
@@ -582,9 +589,37 @@ def in_parts(units: list, args) -> list:
     return parts
 
 
-def run_units(units: list, quick: bool) -> list:
+def run_units(units: list, quick: bool, budgets_only: bool = False) -> list:
     """[(bed, steps, measurements)] for each (bed, [steps]) unit, in this process."""
-    return [(name, steps, measure_bed(name, steps, quick)) for name, steps in units]
+    return [(name, steps, measure_bed(name, steps, quick, budgets_only=budgets_only)) for name, steps in units]
+
+
+def kept_results(stem: str, bed, folder: str) -> dict:
+    """--budgets: a bed's kept results, read before anything is measured. Only those of the same weights: the
+    points that are not measured again stand only for the experts they were measured on."""
+    path = os.path.join(folder, f"{stem}.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"no kept results of bed {bed.name!r} ({path}): run the whole benchmark (make quality)")
+    with open(path, encoding="utf-8") as f:
+        kept = json.load(f)
+    sha = bed_summary(bed)["sha256"]
+    if kept["bed"]["sha256"] != sha:
+        raise SystemExit(f"the kept results of bed {bed.name!r} are from other weights (SHA-256 "
+                         f"{kept['bed']['sha256']} against {sha}): run the whole benchmark (make quality)")
+    return kept
+
+
+def with_new_budgets(kept: dict, bed, measured: list) -> dict:
+    """A bed's kept results (kept_results) with their budget points replaced by `measured`'s."""
+    new = {r["steps"]: r["points"] for m in measured for r in m["step_counts"]}
+    for r in kept["step_counts"]:
+        if r["steps"] in new:
+            r["points"] = [p for p in r["points"] if p["method"] != "budget"] + new[r["steps"]]
+    kept["bed"] = bed_summary(bed)
+    kept["note"] = (f"The budget points were measured again on {time.strftime('%Y-%m-%d')} (bench.quality "
+                    "--budgets) on these weights; the other points come from the whole benchmark's last run on the "
+                    "same weights (equal SHA-256).\n\n")
+    return kept
 
 
 def main() -> int:
@@ -596,6 +631,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="processes of one thread each")
     parser.add_argument("--choose", action="store_true",
                         help="print the constants the tuning bed's last results choose, beside the pack's")
+    parser.add_argument("--budgets", action="store_true",
+                        help="measure the error budgets' points only (20 and 40 steps), into the kept results of "
+                             "the same weights (a change to the budget needs minutes, not the whole benchmark)")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child of --jobs: write its units here
     parser.add_argument("--units", help=argparse.SUPPRESS)
     add_output_arguments(parser, "a smoke test on a quick bed: a few points at 20 steps (quality_quick*)")
@@ -608,23 +646,31 @@ def main() -> int:
         return 0
     if args.part:
         with open(args.part, "w", encoding="utf-8") as f:
-            json.dump(run_units(json.loads(args.units), args.quick), f, default=str)
+            json.dump(run_units(json.loads(args.units), args.quick, args.budgets), f, default=str)
         return 0
     started = time.perf_counter()
     names = ["quick"] if args.quick else (args.bed or list(testbed.BEDS))
     for name in names:
         testbed.build(name)  # each bed once per machine, before the measuring processes start
+    stems = {name: f"quality_{'quick' if args.quick else name}" for name in names}
+    kept = {name: kept_results(stems[name], testbed.build(name), args.results_dir) for name in names
+            if args.budgets}
     units = []
     for name in names:
         steps = args.steps or ([20] if args.quick else
-                               [*MAIN_STEPS, *(FEW_STEPS if name == testbed.TUNING else ())])
-        units += [(name, [s]) for s in steps]
+                               [*MAIN_STEPS, *(FEW_STEPS if name == testbed.TUNING and not args.budgets else ())])
+        units += [(name, [s]) for s in steps if s in MAIN_STEPS or not args.budgets]
     units.sort(key=lambda u: -u[1][0] * testbed.config_of(u[0]).num_layers * math.prod(testbed.config_of(u[0]).measured))  # noqa: E501
-    measured = in_parts(units, args) if args.jobs > 1 and len(units) > 1 else run_units(units, args.quick)
+    measured = (in_parts(units, args) if args.jobs > 1 and len(units) > 1 else
+                run_units(units, args.quick, args.budgets))
     beds = {}
     for name in names:
         bed = testbed.build(name)
         parts = [m for n, _s, m in measured if n == name]
+        if args.budgets:
+            beds[name] = with_new_budgets(kept[name], bed, parts)
+            write_bed(stems[name], beds[name], args.results_dir)
+            continue
         step_counts = sorted((r for m in parts for r in m["step_counts"]), key=lambda r: r["steps"])
         result = {"bed": bed_summary(bed), "step_counts": step_counts,
                   "single_steps": [t for m in parts for t in m.get("single_steps", [])],
@@ -637,6 +683,14 @@ def main() -> int:
             result["choice"] = choose(result)
         beds[name] = result
         write_bed(f"quality_{name}", result, args.results_dir)
+    if args.budgets:  # the summary keeps the beds not measured again as they were
+        for name in ([] if args.quick else testbed.BEDS):
+            path = os.path.join(args.results_dir, f"quality_{name}.json")
+            if name not in beds and os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    beds[name] = json.load(f)
+        beds = {name: beds[name] for name in sorted(beds, key=lambda n: list(testbed.BEDS).index(n)
+                                                    if n in testbed.BEDS else -1)}
     summary = "quality_summary_quick" if args.quick else "quality"  # the quick bed's own files are quality_quick
     write_summary(beds, args.results_dir, summary)
     if args.quick:

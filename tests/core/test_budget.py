@@ -52,6 +52,32 @@ def test_a_full_size_run_that_misses_the_budget_scales_the_target_down_by_what_i
     assert result.target == pytest.approx(calls["full"][0] * 0.03 * B.MARGIN / result.full.error)
 
 
+def steps_of(error: float, from_target: float = 0.01):
+    """A model whose cache makes one jump: `error` at any target from `from_target` up, nothing below (the
+    beds' error, at 20 steps, moves in such jumps)."""
+    def run(target):
+        cached = target >= from_target
+        return B.Trial(target=target, error=error if cached else 0.0, estimate=target if cached else 0.0,
+                       cached=int(cached), smallest=from_target, work=0.2)
+    return run
+
+
+def test_a_full_size_run_within_the_budget_but_over_the_aim_scales_the_target_to_the_aim():
+    """The small runs land within the budget but over MARGIN x budget; so does the full run: the target is scaled
+    to the aim, as for a full run over the budget (the seeds the sampler then runs vary around it)."""
+    result = B.calibrate(0.03, steps_of(0.027), steps_of(0.027))
+    assert all(0.03 * B.MARGIN < t.error <= 0.03 for t in result.small)
+    assert result.full.error == 0.027
+    assert result.target == pytest.approx(result.full.target * 0.03 * B.MARGIN / 0.027)
+    assert result.target < result.full.target
+
+
+def test_without_a_confirmation_the_chosen_small_run_is_held_to_the_aim_too():
+    result = B.calibrate(0.03, steps_of(0.027), None)
+    chosen = max(result.small, key=lambda t: t.target)
+    assert result.target == pytest.approx(chosen.target * 0.03 * B.MARGIN / 0.027)
+
+
 def test_the_work_is_the_small_runs_and_one_full_confirmation():
     small, full, calls = stand_in(1.0, work=0.15)
     result = B.calibrate(0.03, small, full)

@@ -108,6 +108,23 @@ def test_bench_quality_quick(tmp_path, monkeypatch):
     assert all(row["block_cost"]["median"] > 0 for row in run["points"] if "refused" not in row)
     for name in ("quality_quick.md", "quality_quick.png", "quality_summary_quick.md"):
         assert (tmp_path / "results" / name).exists(), name
+    # --budgets: the budget points measured again into the kept results, the other points kept as they were
+    quick("bench.quality", tmp_path / "results", "--jobs", "1", "--budgets")
+    again = written(tmp_path / "results", "quality_quick.json")
+    [run_again] = again["step_counts"]
+    assert [p for p in run_again["points"] if p["method"] != "budget"] == [
+        p for p in run["points"] if p["method"] != "budget"]
+    budgets = [p for p in run_again["points"] if p["method"] == "budget"]
+    assert [p["threshold"] for p in budgets] == [p["threshold"] for p in run["points"] if p["method"] == "budget"]
+    assert "measured again" in again["note"] and "measured again" in (tmp_path / "results" / "quality_quick.md"
+                                                                      ).read_text()
+    # ... and only on the weights the kept points were measured on
+    results = tmp_path / "results" / "quality_quick.json"
+    results.write_text(json.dumps({**again, "bed": {**again["bed"], "sha256": {"high": "other", "low": "other"}}}))
+    refused = subprocess.run([sys.executable, "-m", "bench.quality", "--quick", "--results-dir",
+                              str(tmp_path / "results"), "--jobs", "1", "--budgets"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=HANG_GUARD_S)
+    assert refused.returncode != 0 and "are from other weights" in refused.stderr and "make quality" in refused.stderr
 
 
 @pytest.mark.slow  # two quick beds train first: in make test-slow, which CI runs (make test under 20 minutes)
