@@ -66,3 +66,53 @@ def test_compiled_experts_with_the_cache_repeat_and_stop_compiling(compile_comfy
     native = native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], seed=3, **RUN)
     run_ok(comfyui, on_each_expert(native, kind, **COMPILERS[kind]), executor)
     assert (ours - latent_of(comfyui, FINAL["native"], executor)).abs().max() <= 1e-5
+
+
+@pytest.mark.slow  # two more compiles of a minute each: in make test-slow, which CI runs
+@pytest.mark.parametrize("compile_comfyui", sorted(COMPILERS), indirect=True)
+def test_compiled_vace_experts_with_the_cache_keep_their_hints_fresh_and_repeat(compile_comfyui, tiny_models,
+                                                                                variant_experts):
+    """VACE-Fun A14B compiled (the whole model, or each block) with the sampler's Cache-DiT: every VACE block runs on
+    every call (the hints kept fresh through the compiled model), runs after the first repeat bit for bit and
+    compile nothing more, nothing stays on the models (ComfyUI's hint mapping back); with the cache off the output
+    is ComfyUI's own compiled VACE graph within 1e-5."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from devtools import tiny_wan
+
+    from .test_variants import TRIMMED, conditioned
+
+    comfyui, kind = compile_comfyui
+    high, low = variant_experts[("vace", "high")], variant_experts[("vace", "low")]
+    image = "wan22_compile_vace.png"
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
+        os.path.join(comfyui.folder_paths.get_input_directory(), image))
+    run = {**RUN, "width": 64, "height": 64, "length": 5}
+    executor = comfyui.new_executor()
+    latents, compiles = [], []
+    for seed in (5, 3, 4, 3):
+        prompt = conditioned(our_prompt(bridged(high, low), text_folder(tiny_models), cache=CACHING, seed=seed, **run),
+                             ["5"], "vace", image)
+        report = report_of(run_ok(comfyui, on_each_expert(prompt, kind, **COMPILERS[kind]), executor))
+        latents.append(latent_of(comfyui, TRIMMED["ours"], executor))
+        compiles.append(report["compile"])
+        for role in ("high", "low"):
+            stats = report["cache"][role]
+            assert stats["cached_steps"] and stats["vace_hints"] == "fresh", stats
+            calls = stats["block_forwards_without_cache"] // 4  # the transformer calls (4 blocks each)
+            assert stats["vace_block_forwards"] == tiny_wan.VACE_BLOCKS * calls, stats
+    assert torch.equal(latents[1], latents[3]) and not torch.equal(latents[1], latents[2])
+    assert compiles[0]["graphs_compiled"] > 0 and [c["graphs_compiled"] for c in compiles[1:]] == [0, 0, 0]
+    for model in diffusion_models(comfyui, executor=executor).values():
+        assert leftovers_of_the_cache(model) == [] and model.vace_layers_mapping == {0: 0, 2: 1}
+    off = conditioned(our_prompt(bridged(high, low), text_folder(tiny_models), cache={"enabled": False}, seed=3,
+                                 **run), ["5"], "vace", image)
+    report = report_of(run_ok(comfyui, on_each_expert(off, kind, **COMPILERS[kind]), executor))
+    ours = latent_of(comfyui, TRIMMED["ours"], executor)
+    native = conditioned(native_prompt(high, low, text_folder(tiny_models), switch=report["split"]["high"], seed=3,
+                                       **run), ["16", "17"], "vace", image)
+    run_ok(comfyui, on_each_expert(native, kind, **COMPILERS[kind]), executor)
+    assert (ours - latent_of(comfyui, TRIMMED["native"], executor)).abs().max() <= 1e-5
