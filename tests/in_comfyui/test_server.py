@@ -84,6 +84,10 @@ def test_the_live_split_route_answers_with_the_nodes_own_split(tiny_models_serve
     folder = diffusers_loader(names[("i2v", "diffusers")])
     answer = split_request(tiny_models_server, folder, boundary="custom", boundary_ratio=0.8)
     assert answer["boundary_source"] == "custom" and answer["boundary_ratio"] == 0.8
+    five_b = tiny_models["broken"]["wan_5b"]  # TI2V-5B, one transformer: one stage of every step, in either input
+    for experts, split in ((loader(high=five_b), (40, 0)), (loader(low=five_b), (0, 40))):
+        answer = split_request(tiny_models_server, experts)
+        assert (answer["high"], answer["low"]) == split, answer  # as the sampler runs it (test_variants.py)
 
 
 def test_the_live_split_route_reads_the_bridges_files_and_passes_through_the_packs_nodes(tiny_models_server,
