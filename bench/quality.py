@@ -650,11 +650,9 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     names = ["quick"] if args.quick else (args.bed or list(testbed.BEDS))
-    for name in names:
-        testbed.build(name)  # each bed once per machine, before the measuring processes start
+    built = {name: testbed.build(name) for name in names}  # each bed once per machine, before the measuring
     stems = {name: f"quality_{'quick' if args.quick else name}" for name in names}
-    kept = {name: kept_results(stems[name], testbed.build(name), args.results_dir) for name in names
-            if args.budgets}
+    kept = {name: kept_results(stems[name], built[name], args.results_dir) for name in names if args.budgets}
     units = []
     for name in names:
         steps = args.steps or ([20] if args.quick else
@@ -664,8 +662,7 @@ def main() -> int:
     measured = (in_parts(units, args) if args.jobs > 1 and len(units) > 1 else
                 run_units(units, args.quick, args.budgets))
     beds = {}
-    for name in names:
-        bed = testbed.build(name)
+    for name, bed in built.items():
         parts = [m for n, _s, m in measured if n == name]
         if args.budgets:
             beds[name] = with_new_budgets(kept[name], bed, parts)

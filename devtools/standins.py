@@ -50,7 +50,6 @@ def comfyui_on_the_cpu() -> None:
         args.cpu = True
 
 
-
 def write_standins(models_dir: str, input_dir: str | None = None, working_umt5: bool = False,
                    working_vae22: bool = False) -> None:
     """Writes what is missing (a second call with everything present writes nothing). `working_umt5`:

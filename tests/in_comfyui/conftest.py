@@ -85,3 +85,14 @@ def start_image(comfyui):
     path = os.path.join(comfyui.folder_paths.get_input_directory(), "wan22_start.png")
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path)
     return path
+
+
+@pytest.fixture
+def image(comfyui):
+    """A random 64 x 64 image in ComfyUI's input folder, for the variants' conditioning nodes: its name."""
+    import numpy as np
+    from PIL import Image
+
+    path = os.path.join(comfyui.folder_paths.get_input_directory(), "wan22_variant.png")
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path)
+    return "wan22_variant.png"

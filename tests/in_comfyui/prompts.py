@@ -375,3 +375,38 @@ def two_samplers_in_one_graph(comfyui, first, second, executor):
     both["31"] = {"class_type": "PreviewAny", "inputs": {"source": ["30", 1]}}
     run_ok(comfyui, both, executor)
     return latent_of(comfyui, "5", executor), latent_of(comfyui, "30", executor)
+
+
+# --- the Wan2.2 variants' own conditioning nodes, on one image ---
+
+CONDITIONING = {  # ComfyUI's node for each variant, and its image inputs
+    "fun_inpaint": ("WanFunInpaintToVideo", ("start_image",)),
+    "fun_control": ("Wan22FunControlToVideo", ("ref_image", "control_video")),
+    "fun_camera": ("WanCameraImageToVideo", ("start_image",)),
+    "vace": ("WanVaceToVideo", ("control_video", "reference_image")),
+}
+TRIMMED = {"ours": "120", "native": "121"}  # VACE: the result after TrimVideoLatent, as ComfyUI's template trims it
+
+
+def conditioned(prompt, samplers, variant, image):
+    kind, images = CONDITIONING[variant]
+    p = dict(prompt)
+    p["112"] = {"class_type": "LoadImage", "inputs": {"image": image}}
+    p["113"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
+    p["114"] = {"class_type": kind, "inputs": {"positive": ["3", 0], "negative": ["3", 1], "vae": ["113", 0],
+                                               "width": 64, "height": 64, "length": 5, "batch_size": 1,
+                                               **{name: ["112", 0] for name in images}}}
+    if variant == "fun_camera":  # ComfyUI's camera path for the same size
+        p["115"] = {"class_type": "WanCameraEmbedding", "inputs": {"camera_pose": "Zoom In", "width": 64, "height": 64,
+                                                                   "length": 5}}
+        p["114"]["inputs"]["camera_conditions"] = ["115", 0]
+    if variant == "vace":  # the reference image's latent frame leads the output: trimmed after the sampling
+        p["114"]["inputs"]["strength"] = 1.0
+        final = samplers[-1]
+        trim = TRIMMED["ours" if final == FINAL["ours"] else "native"]
+        p[trim] = {"class_type": "TrimVideoLatent", "inputs": {"samples": [final, 0], "trim_amount": ["114", 3]}}
+        p[trim + "1"] = {"class_type": "PreviewAny", "inputs": {"source": [trim, 0]}}  # an output: it runs
+    for node in samplers:
+        p[node] = {**p[node], "inputs": {**p[node]["inputs"], "positive": ["114", 0], "negative": ["114", 1]}}
+    p[samplers[0]]["inputs"]["latent_image"] = ["114", 2]
+    return p

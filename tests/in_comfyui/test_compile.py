@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from .cache_state import leftovers_of_the_cache
-from .prompts import (CACHING, FINAL, bridged, diffusion_models, expert_files, latent_of, native_prompt, on_each_expert,
-                      our_prompt, report_of, run_ok, text_folder)
+from .prompts import (CACHING, FINAL, TRIMMED, bridged, conditioned, diffusion_models, expert_files, latent_of,
+                      native_prompt, on_each_expert, our_prompt, report_of, run_ok, text_folder)
 
 RUN = dict(sampler="euler", steps=8, flow_shift=5.0, width=32, height=32, length=1)
 COMPILERS = {
@@ -71,25 +71,15 @@ def test_compiled_experts_with_the_cache_repeat_and_stop_compiling(compile_comfy
 @pytest.mark.slow  # two more compiles of a minute each: in make test-slow, which CI runs
 @pytest.mark.parametrize("compile_comfyui", sorted(COMPILERS), indirect=True)
 def test_compiled_vace_experts_with_the_cache_keep_their_hints_fresh_and_repeat(compile_comfyui, tiny_models,
-                                                                                variant_experts):
+                                                                                variant_experts, image):
     """VACE-Fun A14B compiled (the whole model, or each block) with the sampler's Cache-DiT: every VACE block runs on
     every call (the hints kept fresh through the compiled model), runs after the first repeat bit for bit and
     compile nothing more, nothing stays on the models (ComfyUI's hint mapping back); with the cache off the output
     is ComfyUI's own compiled VACE graph within 1e-5."""
-    import os
-
-    import numpy as np
-    from PIL import Image
-
     from devtools import tiny_wan
-
-    from .test_variants import TRIMMED, conditioned
 
     comfyui, kind = compile_comfyui
     high, low = variant_experts[("vace", "high")], variant_experts[("vace", "low")]
-    image = "wan22_compile_vace.png"
-    Image.fromarray(np.random.default_rng(2).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
-        os.path.join(comfyui.folder_paths.get_input_directory(), image))
     run = {**RUN, "width": 64, "height": 64, "length": 5}
     executor = comfyui.new_executor()
     latents, compiles = [], []

@@ -6,61 +6,20 @@ given blocks) and TI2V-5B (one transformer, 48 channels) run; S2V and Animate ar
 
 import os
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import save_file
 
 from devtools import tiny_wan
 
 from .cache_state import leftovers
-from .prompts import (CACHING, FINAL, NEVER, TINY_VAE, bridged, cache_model_node, diffusion_models, failed_at_run,
-                      latent_of, loader, native_prompt, native_three_ksamplers, one_ksampler_prompt, our_prompt,
-                      report_of, run_ok, text_folder, three_stage_prompt, with_model_caches)
+from .prompts import (CACHING, CONDITIONING, FINAL, NEVER, TINY_VAE, TRIMMED, bridged, cache_model_node, conditioned,
+                      diffusion_models, failed_at_run, latent_of, loader, native_prompt, native_three_ksamplers,
+                      one_ksampler_prompt, our_prompt, report_of, run_ok, text_folder, three_stage_prompt,
+                      with_model_caches)
 
 RUN = dict(sampler="euler", steps=6, flow_shift=5.0, seed=4, cfg=(3.5, 3.5))
 MODEL_CACHING = {"residual_diff_threshold": CACHING["residual_diff_threshold"], "warmup_steps": 1}  # as CACHING
-CONDITIONING = {  # ComfyUI's node for each variant, and its image inputs
-    "fun_inpaint": ("WanFunInpaintToVideo", ("start_image",)),
-    "fun_control": ("Wan22FunControlToVideo", ("ref_image", "control_video")),
-    "fun_camera": ("WanCameraImageToVideo", ("start_image",)),
-    "vace": ("WanVaceToVideo", ("control_video", "reference_image")),
-}
-TRIMMED = {"ours": "120", "native": "121"}  # VACE: the result after TrimVideoLatent, as ComfyUI's template trims it
-
-
-@pytest.fixture
-def image(comfyui):
-    path = os.path.join(comfyui.folder_paths.get_input_directory(), "wan22_variant.png")
-    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path)
-    return "wan22_variant.png"
-
-
-def conditioned(prompt, samplers, variant, image):
-    kind, images = CONDITIONING[variant]
-    p = dict(prompt)
-    p["112"] = {"class_type": "LoadImage", "inputs": {"image": image}}
-    p["113"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_VAE}}
-    p["114"] = {"class_type": kind, "inputs": {"positive": ["3", 0], "negative": ["3", 1], "vae": ["113", 0],
-                                               "width": 64, "height": 64, "length": 5, "batch_size": 1,
-                                               **{name: ["112", 0] for name in images}}}
-    if variant == "fun_camera":  # ComfyUI's camera path for the same size
-        p["115"] = {"class_type": "WanCameraEmbedding", "inputs": {"camera_pose": "Zoom In", "width": 64, "height": 64,
-                                                                   "length": 5}}
-        p["114"]["inputs"]["camera_conditions"] = ["115", 0]
-    if variant == "vace":  # the reference image's latent frame leads the output: trimmed after the sampling
-        p["114"]["inputs"]["strength"] = 1.0
-        final = samplers[-1]
-        trim = TRIMMED["ours" if final == FINAL["ours"] else "native"]
-        p[trim] = {"class_type": "TrimVideoLatent", "inputs": {"samples": [final, 0], "trim_amount": ["114", 3]}}
-        p[trim + "1"] = {"class_type": "PreviewAny", "inputs": {"source": [trim, 0]}}  # an output: it runs
-    for node in samplers:
-        p[node] = {**p[node], "inputs": {**p[node]["inputs"], "positive": ["114", 0], "negative": ["114", 1]}}
-    p[samplers[0]]["inputs"]["latent_image"] = ["114", 2]
-    return p
-
-
 @pytest.mark.parametrize("variant", sorted(set(CONDITIONING) - {"vace"}))  # VACE: its own tests below
 def test_fun_experts_run_through_the_bridge_equal_to_native(comfyui, tiny_models, variant_experts, image, variant):
     high, low = variant_experts[(variant, "high")], variant_experts[(variant, "low")]
