@@ -196,15 +196,15 @@ def measure_budgets(runs, counter, run: dict, quick: bool, log) -> list:
     positive, negative = runs.conditioning(cls)
     handle = runs.comfy.pack("nodes.types").ScheduleHandle(runs.schedule(run))
     sizes = runs.bed.config.sizes
-    size = (sizes[0][1] / sizes[-1][1]) if len(sizes) > 1 else budget_nodes.Wan22CacheBudget.define_schema().inputs[
-        -1].default
+    defaults = {i.id: getattr(i, "default", None) for i in budget_nodes.Wan22CacheBudget.define_schema().inputs}
+    size = (sizes[0][1] / sizes[-1][1]) if len(sizes) > 1 else defaults["calibration_size"]
     rows = []
     for budget in [REFUSED_BUDGET, *(BUDGETS[:1] if quick else BUDGETS)]:
         started = time.perf_counter()
         try:
             experts, calibration = budget_nodes.calibrate(runs.experts.replace(cache_plan=plan), handle, positive,
                                                           negative, runs.latent(), seed, dict(run["cfg"]), budget,
-                                                          size)
+                                                          size, defaults["calibrators"])
         except errors.Wan22InputError as refused:
             rows.append({"method": "budget", "threshold": budget, "refused": str(refused),
                          "refused_input": refused.input_name})
@@ -383,18 +383,22 @@ def choose(tuning: dict) -> dict:
     errors = {s: {p["threshold"]: p["rel_l2"]["median"] for p in by_steps[s]["points"]
                   if p["method"] == "ours_error"} for s in MAIN_STEPS}  # a target the results lack: not chosen
     fits = [t for t in TARGETS if all(errors[s].get(t, math.inf) <= bound for s in MAIN_STEPS)]
+    # the budget's first TaylorSeer target: TaylorSeer's error over the plain criterion's at the same target
+    taylorseer = [p["rel_l2"]["median"] / errors[s][p["threshold"]] for s in MAIN_STEPS
+                  for p in by_steps[s]["points"] if p["method"] == "ours_taylorseer" and errors[s].get(p["threshold"])]
     return {"error_gain": {"low": best[3], "high": best[4]}, "gain_band": [best[1], best[2]],
-            "gain_spread": round(best[0], 4), "error_target": max(fits) if fits else None}
+            "gain_spread": round(best[0], 4), "error_target": max(fits) if fits else None,
+            "taylorseer_error": round(statistics.median(taylorseer), 2) if taylorseer else None}
 
 
 def pack_constants() -> dict:
     from devtools.paths import import_pack
 
     import_pack()
-    from wan22_cachedit.nodes.core import cache
+    from wan22_cachedit.nodes.core import budget, cache
 
     return {"error_gain": dict(cache.ERROR_GAIN), "gain_band": list(cache.GAIN_BAND),
-            "error_target": cache.CachePlan().error_target}
+            "error_target": cache.CachePlan().error_target, "taylorseer_error": budget.TAYLORSEER_ERROR}
 
 
 # --- writing ---
@@ -616,6 +620,8 @@ def with_new_budgets(kept: dict, bed, measured: list) -> dict:
         if r["steps"] in new:
             r["points"] = [p for p in r["points"] if p["method"] != "budget"] + new[r["steps"]]
     kept["bed"] = bed_summary(bed)
+    if "choice" in kept:  # what the tuning bed chooses, from the same points (the choice may have grown)
+        kept["choice"] = choose(kept)
     kept["note"] = (f"The budget points were measured again on {time.strftime('%Y-%m-%d')} (bench.quality "
                     "--budgets) on these weights; the other points come from the whole benchmark's last run on the "
                     "same weights (equal SHA-256).\n\n")

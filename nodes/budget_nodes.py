@@ -14,10 +14,21 @@ from comfy_api.latest import io
 from .core import budget as core_budget
 from .core import sampler_inputs
 from .core.cache import CachePlan, uncached_block_forwards
+from .core.errors import Wan22InputError
 from .dispatch import run
 from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
 
 SAVED_CALIBRATION_SIZE = 1.0  # what a budget node saved before calibration_size calibrates at
+# calibrators: which of cache-dit's calibrators the budget may choose (core.budget tries them in this order)
+CALIBRATOR_CHOICES = ("none or taylorseer", "the plan's")
+SAVED_CALIBRATORS = "the plan's"  # what a budget node saved before calibrators runs with
+
+
+def allowed_calibrators(choice: str, plan: CachePlan) -> tuple:
+    """The calibrators the budget tries, the first preferred."""
+    if choice not in CALIBRATOR_CHOICES:
+        raise Wan22InputError("calibrators", f"unknown choice {choice!r}: use one of {', '.join(CALIBRATOR_CHOICES)}")
+    return (plan.calibrator,) if choice == "the plan's" else ("none", "taylorseer")
 
 
 def smaller(latent: dict, size: float) -> dict:
@@ -47,7 +58,7 @@ class Runs:
         self.latent, self.seed, self.cfg = latent, seed, cfg
         self.plan = experts.cache_plan or CachePlan()
         self.full_area = math.prod(latent["samples"].shape[-2:])
-        self.references: dict = {}
+        self.references: dict = {}  # per latent shape: (its uncached run's output, its block forwards)
         self.unit = None  # a full-size uncached run's block forwards x area
 
     def sample(self, latent: dict, plan):
@@ -57,37 +68,42 @@ class Runs:
     def work(self, blocks: int, latent: dict) -> float:
         return blocks * math.prod(latent["samples"].shape[-2:]) / self.unit
 
-    def trial(self, latent: dict, target: float) -> core_budget.Trial:
-        """The run at `latent` with the error criterion at `target`, against its uncached run."""
+    def trial(self, latent: dict, target: float, calibrator: str) -> core_budget.Trial:
+        """The run at `latent` with the error criterion at `target` and `calibrator`, against its uncached run."""
         key = tuple(latent["samples"].shape)
         work = 0.0
         if key not in self.references:
-            out, record = self.references[key] = self.sample(latent, None)
+            out, record = self.sample(latent, None)
             blocks = uncached_block_forwards(sum(record.calls.values()), self.experts.architecture.num_layers)
+            self.references[key] = (out, blocks)
             self.unit = self.unit or blocks * self.full_area
             work += self.work(blocks, latent)
-        reference = self.references[key][0]["samples"]
-        out, record = self.sample(latent, self.plan.with_error_target(target))
+        reference, reference_blocks = self.references[key][0]["samples"], self.references[key][1]
+        out, record = self.sample(latent, self.plan.with_error_target(target, calibrator=calibrator))
         stages = record.cache.values()
         smallest = [s["smallest_step_estimate"] for s in stages if s.get("smallest_step_estimate") is not None]
+        blocks = sum(s["block_forwards"] for s in stages)
         return core_budget.Trial(
             target=target, error=core_budget.relative_l2(reference, out["samples"]),
             estimate=math.sqrt(sum(s.get("estimated_error", 0.0) ** 2 for s in stages)),
             cached=sum(len(s["cached_steps"]) + len(s["cfg_cached_steps"]) for s in stages),
             smallest=min(smallest) if smallest else None,
-            work=work + self.work(sum(s["block_forwards"] for s in stages), latent))
+            work=work + self.work(blocks, latent), calibrator=calibrator, cost=blocks / reference_blocks)
 
 
 def calibrate(experts, schedule, positive, negative, latent: dict, seed: int, cfg: dict, error_budget: float,
-              calibration_size: float = SAVED_CALIBRATION_SIZE) -> tuple[object, core_budget.Calibration]:
+              calibration_size: float = SAVED_CALIBRATION_SIZE, calibrators: str = SAVED_CALIBRATORS
+              ) -> tuple[object, core_budget.Calibration]:
     """(the experts with the calibrated plan, the calibration)."""
     core_budget.check_budget(error_budget)
     core_budget.check_size(calibration_size)
     runs = Runs(experts, schedule, positive, negative, latent, seed, cfg)
+    allowed = allowed_calibrators(calibrators, runs.plan)
     small = smaller(latent, calibration_size)
-    full = None if small is latent else (lambda target: runs.trial(latent, target))
-    calibration = core_budget.calibrate(float(error_budget), lambda target: runs.trial(small, target), full)
-    plan = runs.plan.with_error_target(calibration.target, float(error_budget))
+    full = None if small is latent else (lambda target, calibrator: runs.trial(latent, target, calibrator))
+    calibration = core_budget.calibrate(float(error_budget), lambda target, calibrator: runs.trial(
+        small, target, calibrator), full, allowed)
+    plan = runs.plan.with_error_target(calibration.target, float(error_budget), calibration.calibrator)
     return experts.replace(cache_plan=plan), calibration
 
 
@@ -95,15 +111,17 @@ def calibration_report(calibration: core_budget.Calibration) -> dict:
     def trial(t: core_budget.Trial | None):
         return None if t is None else {"target": round(t.target, 6), "error": round(t.error, 6),
                                        "estimate": round(t.estimate, 6), "cached": t.cached,
-                                       "work_in_full_runs": round(t.work, 3)}
-    return {"error_budget": calibration.budget, "error_target": calibration.target, "margin": core_budget.MARGIN,
+                                       "work_in_full_runs": round(t.work, 3), "calibrator": t.calibrator,
+                                       "block_cost": round(t.cost, 4)}
+    return {"error_budget": calibration.budget, "error_target": calibration.target,
+            "calibrator": calibration.calibrator, "margin": core_budget.MARGIN,
             "factor": calibration.factor, "small_runs": [trial(t) for t in calibration.small],
             "full_run": trial(calibration.full), "work_in_full_runs": round(calibration.work, 3)}
 
 
 class Wan22CacheBudget(io.ComfyNode):
     # Inputs added after workflows were saved, with what those workflows run with (the canvas completes them).
-    ADDED_INPUTS = {"calibration_size": SAVED_CALIBRATION_SIZE}
+    ADDED_INPUTS = {"calibration_size": SAVED_CALIBRATION_SIZE, "calibrators": SAVED_CALIBRATORS}
 
     @classmethod
     def define_schema(cls):
@@ -114,9 +132,10 @@ class Wan22CacheBudget(io.ComfyNode):
             description="Asks for a measured quality instead of a setting: calibrates the Cache-DiT error criterion "
                         "on your model so that the final latent stays within error_budget of the uncached run "
                         "(relative L2). It samples the given run on a smaller latent without and with the cache "
-                        "(2 to 4 runs), then once at full size without and with it, and hands on the experts with "
-                        "the calibrated target: about 2 to 3 full runs' work at calibration_size 0.5. ComfyUI keeps "
-                        "its output while its inputs stay the same, so it calibrates once per graph.",
+                        "(2 to 5 runs, TaylorSeer's among them where calibrators allows it), then once at full size "
+                        "without and with it, and hands on the experts with the calibrated target and calibrator: "
+                        "about 2 to 3 full runs' work at calibration_size 0.5. ComfyUI keeps its output while its "
+                        "inputs stay the same, so it calibrates once per graph.",
             inputs=[
                 ExpertsType.Input("experts", tooltip="The experts with a Cache-DiT plan (its warm-ups, caps and "
                                                      "blocks are kept; its criterion becomes the error criterion, "
@@ -143,6 +162,15 @@ class Wan22CacheBudget(io.ComfyNode):
                                tooltip="The small runs' width and height, as a share of latent_image's (0.5: a "
                                        "quarter of the tokens, a small part of a full run's work); 1 calibrates at "
                                        "full size (2 to 4 full runs, no confirmation needed)."),
+                io.Combo.Input("calibrators", options=list(CALIBRATOR_CHOICES), default=CALIBRATOR_CHOICES[0],
+                               optional=True,
+                               tooltip="none or taylorseer: the budget also tries cache-dit's TaylorSeer calibrator "
+                                       "(a cached step's residual forecast instead of reused: fewer blocks for the "
+                                       "same error where the plain cache's steps are coarse) within the same "
+                                       "work, and keeps it only where it runs fewer blocks. TaylorSeer holds up to "
+                                       "five tensors of the hidden state's size per prompt instead of two (at "
+                                       "720p x 81 frames and CFG > 1: 7.7 GB instead of 3.1); choose the plan's "
+                                       "calibrator on a card without that room."),
             ],
             outputs=[
                 ExpertsType.Output(display_name="experts", tooltip="The experts with the calibrated error target, for "
@@ -160,12 +188,13 @@ class Wan22CacheBudget(io.ComfyNode):
 
     @classmethod
     def execute(cls, experts, schedule, positive, negative, latent_image, seed, cfg_high, cfg_low,
-                error_budget, calibration_size=SAVED_CALIBRATION_SIZE) -> io.NodeOutput:
+                error_budget, calibration_size=SAVED_CALIBRATION_SIZE, calibrators=SAVED_CALIBRATORS
+                ) -> io.NodeOutput:
         linked_given(experts=experts, schedule=schedule, positive=positive, negative=negative,
                      latent_image=latent_image)
         sampler_inputs.check_sampler_inputs(experts.architecture, positive, negative, latent_image)
         cfg = {"high": float(cfg_high), "low": float(cfg_low)}
         calibrated, calibration = calibrate(experts, schedule, positive, negative, latent_image, seed, cfg,
-                                            error_budget, calibration_size)
+                                            error_budget, calibration_size, calibrators)
         return io.NodeOutput(calibrated, json.dumps(calibration_report(calibration)),
                              ui={"text": [calibration.describe()]})

@@ -8,14 +8,19 @@ measured error meets the budget:
 1. `small`: on a smaller latent (fewer tokens: a small part of a full run's work), the run without the cache,
    then with the criterion at a first target: the measured error over the criterion's estimate is the model's
    factor; the target is set to what that factor says meets the budget, and tried, at most SMALL_TRIALS times;
-2. `confirm`: once at full size, the run without the cache and with the calibrated target; if it measures more
+2. the calibrator too, where the caller allows more than one (none, then taylorseer): TaylorSeer forecasts a
+   cached step's residual instead of reusing it, so the same target costs less error and a larger one fits.
+   It is tried from the target the first calibrator's runs call for, scaled by TAYLORSEER_ERROR, while the
+   calibration's work stays within MAX_WORK full runs (its confirmation counted in); the cheapest small run
+   (fewest block forwards) within the aim wins, the first calibrator on a tie (it holds less memory);
+3. `confirm`: once at full size, the run without the cache and with the calibrated target; if it measures more
    than the small runs aimed at (MARGIN x budget: the small latent's factor did not hold, or the last small
    run was within the budget but not the aim), the target is scaled down by what the full run measured, to the
    aim. Without a confirmation (calibration at full size) the chosen small run is held to the same aim.
 
 A budget of 0 caches nothing and runs nothing. A budget that no cached step fits in is refused, naming
 error_budget and the smallest change one cached step was estimated to make. The search is pure: it is handed
-the runs as functions and counts their work.
+the runs as functions of (target, calibrator) and counts their work.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ MIN_SIZE = 0.1  # the smallest calibration_size: a tenth of the width and height
 # aim left the tuning bed's cases over the budget at 20 steps.
 MARGIN = 0.8
 SMALL_TRIALS = 3
+MAX_WORK = 3.0  # the calibration's work, in full-size uncached runs, that another calibrator's trial may not pass
+# TaylorSeer's error over the plain criterion's at the same target: on the tuning bed, the median of the ratio
+# over its swept targets (0.015 to 0.05) at 20 and 40 steps (0.32 to 1.0; bench/quality.py `choose`).
+TAYLORSEER_ERROR = 0.57
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class Trial:
     cached: int  # evaluations served from the cache
     smallest: float | None  # the smallest change one cached step was estimated to make (None: no step compared)
     work: float  # its transformer work and its uncached run's, in full-size uncached runs
+    calibrator: str = "none"  # cache-dit's calibrator it ran with
+    cost: float = 1.0  # its block forwards over its uncached run's
 
 
 @dataclass
@@ -55,6 +66,7 @@ class Calibration:
     small: list = field(default_factory=list)  # the small latent's trials
     full: Trial | None = None  # the confirmation at full size
     factor: float | None = None  # measured error over the criterion's estimate on this model
+    calibrator: str = "none"  # the calibrator chosen with the target
 
     @property
     def work(self) -> float:
@@ -66,10 +78,12 @@ class Calibration:
             return "error budget 0: nothing is cached"
         full = ("" if self.full is None else
                 f"; at full size {self.full.error:.4f} (estimate {self.full.estimate:.4f})")
-        small = ", ".join(f"{t.error:.4f}" for t in self.small)
+        small = ", ".join(f"{t.error:.4f}" + ("" if t.calibrator == "none" else f" ({t.calibrator})")
+                          for t in self.small)
         factor = "" if self.factor is None else f" (this model's error is {self.factor:.2f} x the criterion's estimate)"
-        return (f"error budget {self.budget:g}: error target {self.target:.4g}{factor}; small runs {small}{full}; "
-                f"work about {self.work:.1f} full runs")
+        calibrator = "" if self.calibrator == "none" else f" with {self.calibrator}"
+        return (f"error budget {self.budget:g}: error target {self.target:.4g}{calibrator}{factor}; small runs "
+                f"{small}{full}; work about {self.work:.1f} full runs")
 
 
 def relative_l2(reference, other) -> float:
@@ -108,38 +122,70 @@ def refuse_below_smallest(budget: float, trials: list) -> None:
                                           "nothing, or leave Cache-DiT off")
 
 
-def calibrate_small(budget: float, small: Callable[[float], Trial]) -> tuple[float, list]:
-    """Phase 1, on the small latent: from MARGIN x budget, each trial's target scaled by what it measured (the
-    error grows about in proportion to the target), doubled while nothing is cached, until a trial lands within
-    [0.7, 1] x MARGIN x budget or SMALL_TRIALS have run; the largest target that met the budget. (target, trials)"""
+def search(budget: float, small: Callable[[float], Trial], target: float, trials: int,
+           room: Callable[[list], bool] = lambda found: True) -> list:
+    """Small runs from `target`, each trial's target scaled by what it measured (the error grows about in
+    proportion to the target), doubled while nothing is cached, until a trial lands within [0.7, 1] x MARGIN x
+    budget, `trials` have run, or `room` (given the trials found so far) says no more fits."""
     aim = budget * MARGIN
-    trials, target = [], aim
-    for _ in range(SMALL_TRIALS):
+    found = []
+    for _ in range(trials):
+        if not room(found):
+            break
         trial = small(target)
-        trials.append(trial)
+        found.append(trial)
         if trial.cached and 0.7 * aim <= trial.error <= aim:
             break
         # at most 4 times further each trial, and never past the largest target the criterion takes
         target = min(MAX_BUDGET, target * min(4.0, aim / trial.error if trial.cached and trial.error > 0 else 2.0))
+    return found
+
+
+def best(budget: float, trials: list, calibrators: tuple = ("none",)) -> Trial | None:
+    """The trial to run with: of those that cached and met the budget, within the aim first, then the fewest
+    block forwards, then the first calibrator (less memory), then the largest target."""
+    aim = budget * MARGIN
     met = [t for t in trials if t.cached and t.error <= budget]
-    if not met:
-        refuse_below_smallest(budget, trials)
-    return max(met, key=lambda t: (t.error <= aim, t.target)).target, trials
+    order = {c: i for i, c in enumerate(calibrators)}
+    return max(met, key=lambda t: (t.error <= aim, -round(t.cost, 6), -order.get(t.calibrator, 0), t.target),
+               default=None)
 
 
-def calibrate(budget: float, small: Callable[[float], Trial], confirm: Callable[[float], Trial] | None = None
-              ) -> Calibration:
-    """The error criterion's target for `budget` (see the module's text); `confirm` runs at full size."""
+def calibrate(budget: float, small: Callable[[float, str], Trial],
+              confirm: Callable[[float, str], Trial] | None = None, calibrators: tuple = ("none",)) -> Calibration:
+    """The error criterion's target and calibrator for `budget` (see the module's text); `small` and `confirm`
+    run (target, calibrator), `confirm` at full size; `calibrators`: those allowed, the first preferred."""
     budget = check_budget(budget)
     if budget == 0:
-        return Calibration(0.0, 0.0)
-    target, trials = calibrate_small(budget, small)
-    calibration = Calibration(budget, target, trials)
-    if confirm is not None:  # phase 2
-        calibration.full = confirm(target)
-    last = calibration.full or next(t for t in trials if t.target == target)
-    if last.error > budget * MARGIN:  # held to the aim: the seeds the budget runs on vary (MARGIN)
-        calibration.target = target * budget * MARGIN / last.error
-    measured = [t for t in [*trials, calibration.full] if t is not None and t.cached and t.estimate > 0]
+        return Calibration(0.0, 0.0, calibrator=calibrators[0])
+    aim = budget * MARGIN
+    first = calibrators[0]
+    trials = search(budget, lambda target: small(target, first), aim, SMALL_TRIALS)
+    for other in calibrators[1:]:
+        plain = best(budget, trials, calibrators)
+        if plain is None or plain.error <= 0:
+            break  # the first calibrator met nothing: the budget is refused below
+
+        def room(found: list, before: list = list(trials)) -> bool:
+            """Another small run, then the confirmation (one run without the cache and one with it at the
+            largest block cost measured), within MAX_WORK."""
+            done = before + found
+            step = max(t.work for t in done[1:]) if len(done) > 1 else done[0].work
+            confirmation = (1 + max(t.cost for t in done)) if confirm is not None else 0.0
+            return sum(t.work for t in done) + step + confirmation <= MAX_WORK
+
+        start = min(MAX_BUDGET, plain.target * min(4.0, aim / plain.error) / TAYLORSEER_ERROR)
+        trials += search(budget, lambda target: small(target, other), start, SMALL_TRIALS, room)
+    chosen = best(budget, trials, calibrators)
+    if chosen is None:
+        refuse_below_smallest(budget, trials)
+    calibration = Calibration(budget, chosen.target, trials, calibrator=chosen.calibrator)
+    if confirm is not None:  # the confirmation at full size
+        calibration.full = confirm(chosen.target, chosen.calibrator)
+    last = calibration.full or chosen
+    if last.error > aim:  # held to the aim: the seeds the budget runs on vary (MARGIN)
+        calibration.target = chosen.target * aim / last.error
+    measured = [t for t in [*trials, calibration.full] if t is not None and t.cached and t.estimate > 0
+                and t.calibrator == first]
     calibration.factor = (sum(t.error / t.estimate for t in measured) / len(measured)) if measured else None
     return calibration

@@ -68,9 +68,12 @@ class CachePlan:
     def settings(self, role: str) -> ExpertCacheSettings:
         return self.high if role == "high" else self.low
 
-    def with_error_target(self, target: float, budget: float | None = None) -> "CachePlan":
-        """The plan with the error criterion at `target` (an error budget's calibration, `budget`)."""
-        return replace(self, criterion="error", error_target=float(target), error_budget=budget)
+    def with_error_target(self, target: float, budget: float | None = None,
+                          calibrator: str | None = None) -> "CachePlan":
+        """The plan with the error criterion at `target` (an error budget's calibration, `budget`), and
+        `calibrator` where given."""
+        return replace(self, criterion="error", error_target=float(target), error_budget=budget,
+                       calibrator=self.calibrator if calibrator is None else calibrator)
 
     def caches(self, role: str) -> bool:
         """Whether a stage of this expert may cache at all (a cap of 0, or an error target of 0: not)."""

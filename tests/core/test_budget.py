@@ -13,7 +13,7 @@ def stand_in(factor: float, smallest: float = 0.002, work: float = 0.1, full_fac
     calls = {"small": [], "full": []}
 
     def runner(kind, f, cost):
-        def run(target):
+        def run(target, calibrator="none"):
             calls[kind].append(target)
             steps = int(target / smallest + 1e-9)
             estimate = steps * smallest
@@ -55,7 +55,7 @@ def test_a_full_size_run_that_misses_the_budget_scales_the_target_down_by_what_i
 def steps_of(error: float, from_target: float = 0.01):
     """A model whose cache makes one jump: `error` at any target from `from_target` up, nothing below (the
     beds' error, at 20 steps, moves in such jumps)."""
-    def run(target):
+    def run(target, calibrator="none"):
         cached = target >= from_target
         return B.Trial(target=target, error=error if cached else 0.0, estimate=target if cached else 0.0,
                        cached=int(cached), smallest=from_target, work=0.2)
@@ -99,7 +99,7 @@ def test_a_budget_below_the_smallest_change_is_refused_naming_error_budget_and_t
 
 
 def test_a_run_with_nothing_to_cache_is_refused_naming_error_budget():
-    def nothing(target):
+    def nothing(target, calibrator="none"):
         return B.Trial(target=target, error=0.0, estimate=0.0, cached=0, smallest=None, work=0.1)
     with pytest.raises(Wan22InputError, match="no step the cache could skip") as refused:
         B.calibrate(0.03, nothing, nothing)
@@ -118,3 +118,53 @@ def test_a_calibration_size_out_of_range_is_refused_naming_it(size):
     with pytest.raises(Wan22InputError) as refused:
         B.check_size(size)
     assert refused.value.input_name == "calibration_size"
+
+
+def two_calibrators(factors: dict, smallest: float = 0.002, work: float = 0.2, full_work: float = 1.7):
+    """small and confirm for two calibrators: the criterion caches one step per `smallest` of target, each step
+    saving 3% of the blocks; the measured error is factors[calibrator] times the estimate."""
+    calls = []
+
+    def runner(kind, cost):
+        def run(target, calibrator):
+            calls.append((kind, calibrator, target))
+            steps = min(int(target / smallest + 1e-9), 20)
+            estimate = steps * smallest
+            return B.Trial(target=target, error=factors[calibrator] * estimate, estimate=estimate, cached=steps,
+                           smallest=smallest, work=cost, calibrator=calibrator, cost=1 - 0.03 * steps)
+        return run
+    return runner("small", work), runner("full", full_work), calls
+
+
+def test_taylorseer_is_chosen_where_it_meets_the_budget_on_fewer_blocks_and_confirmed_with_it():
+    small, full, calls = two_calibrators({"none": 2.0, "taylorseer": 0.8})
+    plain = B.calibrate(0.05, small, full)  # the plan's calibrator alone
+    assert plain.calibrator == "none" and {c for _k, c, _t in calls} == {"none"}
+    calls.clear()
+    both = B.calibrate(0.05, small, full, ("none", "taylorseer"))
+    assert both.calibrator == "taylorseer" and both.target > plain.target
+    assert both.full.calibrator == "taylorseer" and both.full.error <= 0.05 * B.MARGIN
+    assert calls[-1] == ("full", "taylorseer", both.target)
+    chosen = next(t for t in both.small if t.target == both.target and t.calibrator == "taylorseer")
+    assert chosen.cost < min(t.cost for t in both.small if t.calibrator == "none" and t.error <= 0.05 * B.MARGIN)
+    assert "with taylorseer" in both.describe()
+
+
+def test_taylorseer_is_not_chosen_where_it_runs_no_fewer_blocks():
+    small, full, calls = two_calibrators({"none": 1.0, "taylorseer": 1.0})  # the same error: no gain, more memory
+    result = B.calibrate(0.05, small, full, ("none", "taylorseer"))
+    assert result.calibrator == "none" and calls[-1][:2] == ("full", "none")
+
+
+def test_another_calibrators_trials_stay_within_the_work_limit():
+    """Each small run costs 0.45 full runs: the plain search's trials leave no room for another calibrator's
+    trial and its confirmation (1 + its cost) within MAX_WORK, so none runs."""
+    small, full, calls = two_calibrators({"none": 2.0, "taylorseer": 0.8}, work=0.45)
+    result = B.calibrate(0.05, small, full, ("none", "taylorseer"))
+    assert all(c == "none" for k, c, _t in calls if k == "small")
+    assert result.calibrator == "none"
+    small, full, calls = two_calibrators({"none": 2.0, "taylorseer": 0.8}, work=0.2)
+    result = B.calibrate(0.05, small, full, ("none", "taylorseer"))
+    spent_before_confirmation = sum(t.work for t in result.small)
+    assert any(t.calibrator == "taylorseer" for t in result.small)
+    assert spent_before_confirmation + 1 + max(t.cost for t in result.small) <= B.MAX_WORK

@@ -18,7 +18,7 @@ RUN = dict(sampler="euler", steps=10, flow_shift=5.0, seed=4, width=32, height=3
 WARM_UP_ONE = {"high_warmup_steps": 1, "low_warmup_steps": 1}
 
 
-def budget_prompt(tiny, budget, calibration_seed=4, calibration_size=None, **run):
+def budget_prompt(tiny, budget, calibration_seed=4, calibration_size=None, calibrators=None, **run):
     """Experts -> Cache-DiT -> Error Budget (calibrated on the sampler's own schedule, text and latent) -> sampler."""
     p = our_prompt(loader(*expert_files(tiny)), text_folder(tiny), cache=WARM_UP_ONE, **{**RUN, **run})
     p["21"] = {"class_type": "Wan22CacheBudget",
@@ -27,6 +27,8 @@ def budget_prompt(tiny, budget, calibration_seed=4, calibration_size=None, **run
                           "error_budget": budget}}
     if calibration_size is not None:  # left out: a prompt saved before the input (calibrates at full size)
         p["21"]["inputs"]["calibration_size"] = calibration_size
+    if calibrators is not None:  # left out: a prompt saved before the input (the plan's calibrator alone)
+        p["21"]["inputs"]["calibrators"] = calibrators
     p["22"] = {"class_type": "PreviewAny", "inputs": {"source": ["21", 1]}}
     p["5"]["inputs"]["experts"] = ["21", 0]
     return p
@@ -74,10 +76,26 @@ def test_a_budget_calibrates_small_confirms_at_full_size_and_the_sampler_holds_i
         assert leftovers(model) == []
 
 
+def test_a_budget_that_may_choose_taylorseer_tries_it_within_the_work_and_the_sampler_runs_the_chosen_one(
+        comfyui, tiny_models):
+    """calibrators "none or taylorseer": the small runs try the plain cache, then TaylorSeer while the work
+    allows; the confirmation and the sampler run the calibrator chosen (its cache-dit name ends in _T1)."""
+    result = run_ok(comfyui, budget_prompt(tiny_models, 0.5, calibration_size=0.5, calibrators="none or taylorseer"))
+    calibration = json.loads(comfyui.cached_output("21")[1][0])
+    runs = calibration["small_runs"]
+    assert runs[0]["calibrator"] == "none" and {r["calibrator"] for r in runs} <= {"none", "taylorseer"}
+    assert calibration["calibrator"] in ("none", "taylorseer") and calibration["work_in_full_runs"] <= 3
+    assert calibration["full_run"]["calibrator"] == calibration["calibrator"]
+    assert ("_T1" in report_of(result)["cache"]["plan"]) == (calibration["calibrator"] == "taylorseer")
+    for model in diffusion_models(comfyui).values():
+        assert leftovers(model) == []
+
+
 def test_a_budget_saved_before_calibration_size_calibrates_at_full_size_only(comfyui, tiny_models):
     run_ok(comfyui, budget_prompt(tiny_models, 0.5))  # the prompt of a workflow saved before the input
     calibration = json.loads(comfyui.cached_output("21")[1][0])
     assert calibration["full_run"] is None and calibration["small_runs"]
+    assert {r["calibrator"] for r in calibration["small_runs"]} == {"none"}  # and before calibrators
     assert all(run["work_in_full_runs"] >= 0.5 for run in calibration["small_runs"])  # full-size runs
 
 

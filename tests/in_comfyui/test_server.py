@@ -156,8 +156,8 @@ def test_the_canvas_learns_the_old_sampler_names_from_the_server(tiny_models_ser
         "Wan22CacheDiT": {"saved_length": 9, "values": ["none", "threshold", 0.0125]},
         "Wan22CacheDiTModel": {"saved_length": 7, "values": ["none", "threshold", 0.0125]},
         # Saved before calibration_size (seed, its control, cfg_high, cfg_low, error_budget): calibrated at full
-        # size, as they were.
-        "Wan22CacheBudget": {"saved_length": 5, "values": [1.0]}}}
+        # size with the plan's calibrator alone, as they were; saved before calibrators: that calibrator alone.
+        "Wan22CacheBudget": {"saved_length": 5, "values": [1.0, "the plan's"]}}}
 
 
 def hostile_bodies(tiny_models):
