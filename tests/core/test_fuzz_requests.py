@@ -50,7 +50,7 @@ def readable(prompt: dict, ids: list) -> bool:
     return True
 
 
-@pytest.mark.fuzz_examples(2000, 20000)
+@pytest.mark.fuzz_examples(2000, 10000)
 def test_every_request_is_taken_or_refused_naming_the_field(examples, fuzz_tally):
     @settings(max_examples=examples)
     @given(requests)
@@ -90,7 +90,7 @@ def test_a_request_deeper_than_the_node_limit_is_refused():
         check_request({"prompt": prompt, "nodes": ["0"]}, OUTPUTS.get, max_nodes=20)
 
 
-@pytest.mark.fuzz_examples(2000, 20000)
+@pytest.mark.fuzz_examples(2000, 10000)
 def test_cut_keeps_error_texts_short_and_short_texts_whole(examples):
     @settings(max_examples=examples)
     @given(st.text(max_size=50) | st.text(min_size=150, max_size=3000) | st.integers() | st.lists(st.text()))

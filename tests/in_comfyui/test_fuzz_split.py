@@ -33,7 +33,7 @@ def choices(comfyui):
     return comfy.samplers.KSampler.SAMPLERS, comfy.samplers.KSampler.SCHEDULERS
 
 
-@pytest.mark.fuzz_examples(300, 3000)
+@pytest.mark.fuzz_examples(300, 1500)
 def test_the_split_is_the_one_ksampler_sigmas_give_on_the_node_and_the_route(comfyui, tiny_models, tiny_models_server,
                                                                              choices, examples, fuzz_tally):
     samplers, schedulers = choices
