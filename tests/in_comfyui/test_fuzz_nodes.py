@@ -142,7 +142,32 @@ def cases(draw, prompt, specs, near):
             inputs.pop(name, None)
         else:
             inputs[name] = draw(values_for(name, specs[node_id][name], near))
+    for name in [n for n in inputs if undeclared(n, inputs, specs[node_id]) and unfollowable(inputs[n], changed)]:
+        inputs.pop(name)  # ComfyUI's own executor fails on it (test_comfyui_follows_an_undeclared_broken_link)
     return changed, node_id, names
+
+
+def undeclared(name: str, inputs: dict, specs: dict) -> bool:
+    """A dynamic combo's inner input (boundary.boundary_ratio) that the option its combo holds does not declare:
+    to ComfyUI an input the node does not have, which its validation never reads."""
+    parent, _, inner = name.partition(".")
+    if not inner or parent not in specs:
+        return False
+    option = next((o for o in specs[parent][1].get("options", []) if o.get("key") == inputs.get(parent)), None)
+    return option is None or not any(inner in section for section in option.get("inputs", {}).values())
+
+
+def test_comfyui_follows_an_undeclared_broken_link(comfyui):
+    """Why the cases leave out a broken link in an input the node does not declare (a dynamic combo's inner input
+    its option lacks): ComfyUI 0.30.0 never validates such an input and its executor follows every link, so it
+    raises where no node is asked, on its own nodes too (and a server's prompt worker would stop on it)."""
+    from comfy_execution.graph import NodeNotFoundError
+
+    prompt = {"1": {"class_type": "EmptyLatentImage",
+                    "inputs": {"width": 64, "height": 64, "batch_size": 1, "not_an_input": ["nowhere", 0]}},
+              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    with pytest.raises(NodeNotFoundError):
+        comfyui.run(prompt, executor=comfyui.new_executor())
 
 
 # The PreviewAny texts compared: the splits (INT), the lead stage's sigmas, the sampler's report. The others
