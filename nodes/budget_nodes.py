@@ -116,7 +116,8 @@ def calibration_report(calibration: core_budget.Calibration) -> dict:
     return {"error_budget": calibration.budget, "error_target": calibration.target,
             "calibrator": calibration.calibrator, "margin": core_budget.MARGIN,
             "factor": calibration.factor, "small_runs": [trial(t) for t in calibration.small],
-            "full_run": trial(calibration.full), "work_in_full_runs": round(calibration.work, 3)}
+            "full_run": trial(calibration.full), "confirmed_again": [trial(t) for t in calibration.again],
+            "work_in_full_runs": round(calibration.work, 3)}
 
 
 class Wan22CacheBudget(io.ComfyNode):
@@ -133,7 +134,8 @@ class Wan22CacheBudget(io.ComfyNode):
                         "on your model so that the final latent stays within error_budget of the uncached run "
                         "(relative L2). It samples the given run on a smaller latent without and with the cache "
                         "(2 to 7 runs, TaylorSeer's among them where calibrators allows it), then once at full size "
-                        "without and with it, and hands on the experts with the calibrated target and calibrator: "
+                        "without and with it (with the cache once more where a full run measured over its aim and "
+                        "the work allows), and hands on the experts with the calibrated target and calibrator: "
                         "about 2 to 3 full runs' work at calibration_size 0.5. ComfyUI keeps its output while its "
                         "inputs stay the same, so it calibrates once per graph.",
             inputs=[

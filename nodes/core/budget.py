@@ -16,7 +16,11 @@ measured error meets the budget:
 3. `confirm`: once at full size, the run without the cache and with the calibrated target; if it measures more
    than the small runs aimed at (MARGIN x budget: the small latent's factor did not hold, or the last small
    run was within the budget but not the aim), the target is scaled down by what the full run measured, to the
-   aim. Without a confirmation (calibration at full size) the chosen small run is held to the same aim.
+   aim; where the work allows (MAX_WORK: the uncached full run is kept, so it costs one cached run), the
+   scaled target is confirmed once more at full size, and scaled again if it still measures over the aim: the
+   error moves in jumps with the target (one cached step more or less), so a scaled target can keep the same
+   cache pattern and measure the same. Without a confirmation (calibration at full size) the chosen small run
+   is held to the same aim.
 
 A budget of 0 caches nothing and runs nothing. A budget that no cached step fits in is refused, naming
 error_budget and the smallest change one cached step was estimated to make. The search is pure: it is handed
@@ -65,19 +69,21 @@ class Calibration:
     target: float  # the error criterion's calibrated target
     small: list = field(default_factory=list)  # the small latent's trials
     full: Trial | None = None  # the confirmation at full size
+    again: list = field(default_factory=list)  # the scaled targets confirmed again at full size, in order
     factor: float | None = None  # measured error over the criterion's estimate on this model
     calibrator: str = "none"  # the calibrator chosen with the target
 
     @property
     def work(self) -> float:
         """The calibration's transformer work, in full-size uncached runs."""
-        return sum(t.work for t in self.small) + (self.full.work if self.full else 0.0)
+        return sum(t.work for t in [*self.small, *self.again]) + (self.full.work if self.full else 0.0)
 
     def describe(self) -> str:
         if self.budget == 0:
             return "error budget 0: nothing is cached"
         full = ("" if self.full is None else
                 f"; at full size {self.full.error:.4f} (estimate {self.full.estimate:.4f})")
+        full += "".join(f", again at target {t.target:.4g}: {t.error:.4f}" for t in self.again)
         small = ", ".join(f"{t.error:.4f}" + ("" if t.calibrator == "none" else f" ({t.calibrator})")
                           for t in self.small)
         factor = "" if self.factor is None else f" (this model's error is {self.factor:.2f} x the criterion's estimate)"
@@ -151,6 +157,14 @@ def best(budget: float, trials: list, calibrators: tuple = ("none",)) -> Trial |
                default=None)
 
 
+def again_cost(target: float, last: Trial, trials: list) -> float:
+    """The work of confirming `target` again at full size, below `last`'s: its cached run alone (the uncached one
+    is kept), at most the block cost of the small run with its calibrator at the largest target below it, or of
+    an uncached run where none is."""
+    below = [t for t in trials if t.calibrator == last.calibrator and t.target <= target]
+    return max(last.cost, max(below, key=lambda t: t.target).cost) if below else 1.0
+
+
 def calibrate(budget: float, small: Callable[[float, str], Trial],
               confirm: Callable[[float, str], Trial] | None = None, calibrators: tuple = ("none",)) -> Calibration:
     """The error criterion's target and calibrator for `budget` (see the module's text); `small` and `confirm`
@@ -184,8 +198,13 @@ def calibrate(budget: float, small: Callable[[float, str], Trial],
         calibration.full = confirm(chosen.target, chosen.calibrator)
     last = calibration.full or chosen
     if last.error > aim:  # held to the aim: the seeds the budget runs on vary (MARGIN)
-        calibration.target = chosen.target * aim / last.error
-    measured = [t for t in [*trials, calibration.full] if t is not None and t.cached and t.estimate > 0
-                and t.calibrator == first]
+        calibration.target = last.target * aim / last.error
+        if confirm is not None and calibration.work + again_cost(calibration.target, last, trials) <= MAX_WORK:
+            last = confirm(calibration.target, chosen.calibrator)  # once more: did the scaled target hold?
+            calibration.again.append(last)
+            if last.error > aim:
+                calibration.target = last.target * aim / last.error
+    measured = [t for t in [*trials, calibration.full, *calibration.again] if t is not None and t.cached
+                and t.estimate > 0 and t.calibrator == first]
     calibration.factor = (sum(t.error / t.estimate for t in measured) / len(measured)) if measured else None
     return calibration

@@ -49,7 +49,10 @@ def test_a_full_size_run_that_misses_the_budget_scales_the_target_down_by_what_i
     small, full, calls = stand_in(1.0, full_factor=2.0)  # the small latent's factor does not hold at full size
     result = B.calibrate(0.03, small, full)
     assert result.full.error > 0.03
-    assert result.target == pytest.approx(calls["full"][0] * 0.03 * B.MARGIN / result.full.error)
+    scaled = calls["full"][0] * 0.03 * B.MARGIN / result.full.error
+    # the scaled target confirmed once more (the work allows it) and held: it is the target
+    assert calls["full"] == [calls["full"][0], pytest.approx(scaled)] and result.again[0].error <= 0.03 * B.MARGIN
+    assert result.target == pytest.approx(scaled)
 
 
 def steps_of(error: float, from_target: float = 0.01):
@@ -68,8 +71,12 @@ def test_a_full_size_run_within_the_budget_but_over_the_aim_scales_the_target_to
     result = B.calibrate(0.03, steps_of(0.027), steps_of(0.027))
     assert all(0.03 * B.MARGIN < t.error <= 0.03 for t in result.small)
     assert result.full.error == 0.027
-    assert result.target == pytest.approx(result.full.target * 0.03 * B.MARGIN / 0.027)
+    # confirmed once more at the scaled target: the same jump, 0.027 again, so scaled again
+    scaled = result.full.target * 0.03 * B.MARGIN / 0.027
+    assert [t.target for t in result.again] == [pytest.approx(scaled)] and result.again[0].error == 0.027
+    assert result.target == pytest.approx(scaled * 0.03 * B.MARGIN / 0.027)
     assert result.target < result.full.target
+    assert "again at target" in result.describe()
 
 
 def test_without_a_confirmation_the_chosen_small_run_is_held_to_the_aim_too():
@@ -81,7 +88,31 @@ def test_without_a_confirmation_the_chosen_small_run_is_held_to_the_aim_too():
 def test_the_work_is_the_small_runs_and_one_full_confirmation():
     small, full, calls = stand_in(1.0, work=0.15)
     result = B.calibrate(0.03, small, full)
-    assert result.work == pytest.approx(0.15 * len(calls["small"]) + 1.7)
+    assert result.work == pytest.approx(0.15 * len(calls["small"]) + 1.7) and result.again == []
+
+
+def test_a_scaled_target_is_confirmed_again_only_where_the_work_allows():
+    """A confirmation over the aim (0.045 against 0.04): its scaled target is run once more at full size where the
+    calibration's work with that run (an uncached run's here: no small run below it) stays within MAX_WORK; it
+    keeps the same cache pattern and measures the same, so it is scaled again. Where the work does not allow it,
+    the scaled target is kept unconfirmed."""
+    def small(work):
+        def run(target, calibrator="none"):
+            return B.Trial(target=target, error=0.035, estimate=target, cached=1, smallest=0.01, work=work,
+                           calibrator=calibrator, cost=0.6)
+        return run
+
+    def confirm(target, calibrator, runs):  # the uncached run's work the first time only
+        runs.append(target)
+        return B.Trial(target=target, error=0.045, estimate=target, cached=1, smallest=0.01,
+                       work=1.7 if len(runs) == 1 else 0.6, calibrator=calibrator, cost=0.6)
+    scaled = 0.04 * 0.04 / 0.045  # the first small run (at the aim, 0.04) lands within it: the only one
+    for small_work, again in ((0.2, True), (0.5, False)):  # 0.2 + 1.7 + 1 <= 3 < 0.5 + 1.7 + 1
+        runs = []
+        result = B.calibrate(0.05, small(small_work), lambda target, calibrator: confirm(target, calibrator, runs))
+        assert [t.target for t in result.small] == [pytest.approx(0.04)] and bool(result.again) == again
+        assert result.target == pytest.approx(scaled * 0.04 / 0.045 if again else scaled)
+        assert result.work == pytest.approx(small_work + 1.7 + (0.6 if again else 0))
 
 
 def test_without_a_confirmation_the_small_runs_are_the_calibration():

@@ -70,8 +70,9 @@ def test_a_budget_calibrates_small_confirms_at_full_size_and_the_sampler_holds_i
     assert any(report["cache"][role]["cached_steps"] for role in ("high", "low"))
     error = relative_l2(uncached_latent(comfyui, tiny_models), cached)
     assert error <= budget
-    if calibration["full_run"]["error"] <= budget:  # met at full size: the sampler ran the confirmed run
-        assert error == pytest.approx(calibration["full_run"]["error"], abs=1e-6)  # as the report rounds it
+    last = (calibration["confirmed_again"] or [calibration["full_run"]])[-1]
+    if last["error"] <= budget * calibration["margin"]:  # held at full size: the sampler ran the confirmed run
+        assert error == pytest.approx(last["error"], abs=1e-6)  # as the report rounds it
     for model in models.values():
         assert leftovers(model) == []
 
