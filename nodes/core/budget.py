@@ -159,8 +159,9 @@ def best(budget: float, trials: list, calibrators: tuple = ("none",)) -> Trial |
 
 def again_cost(target: float, last: Trial, trials: list) -> float:
     """The work of confirming `target` again at full size, below `last`'s: its cached run alone (the uncached one
-    is kept), at most the block cost of the small run with its calibrator at the largest target below it, or of
-    an uncached run where none is."""
+    is kept), estimated as the block cost of the small run with its calibrator at the largest target below it
+    (and no less than `last` ran), or an uncached run's where none is. An estimate: at full size the same target
+    may cache other steps than at the small size."""
     below = [t for t in trials if t.calibrator == last.calibrator and t.target <= target]
     return max(last.cost, max(below, key=lambda t: t.target).cost) if below else 1.0
 
