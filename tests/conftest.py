@@ -244,14 +244,16 @@ def native_text_server(tmp_path_factory):
     """A real ComfyUI server whose umt5 and Wan2.2 VAE stand-ins really run: full size (6.7 GB and 1.4 GB, deleted
     afterwards; see devtools/umt5_standin.py and vae22_standin.py), so every native node of the shipped workflows
     and of ComfyUI's own template runs. One for the whole session: the files are written once, and ComfyUI's cache
-    keeps text encodings that several prompts share."""
+    keeps text encodings that several prompts share. Its attention is torch's (--use-pytorch-cross-attention,
+    what ComfyUI picks on NVIDIA GPUs): on the CPU ComfyUI picks its sub-quadratic attention, three times slower
+    on the as-shipped 640x640 video's 33,600 tokens (make test-slow); every comparison here is within this server."""
     from devtools.comfy_server import ComfyServer
     from devtools.standins import UMT5, VAE22, write_standins
 
     base = tmp_path_factory.mktemp("native_text_base")
     write_standins(str(base / "models"), str(base / "input"), working_umt5=True, working_vae22=True)
     try:
-        with ComfyServer(str(base)) as running:
+        with ComfyServer(str(base), extra_args=("--use-pytorch-cross-attention",)) as running:
             yield running
     finally:
         os.remove(base / "models" / "text_encoders" / UMT5)

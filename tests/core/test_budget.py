@@ -115,6 +115,28 @@ def test_a_scaled_target_is_confirmed_again_only_where_the_work_allows():
         assert result.work == pytest.approx(small_work + 1.7 + (0.6 if again else 0))
 
 
+def test_a_scaled_target_that_caches_nothing_at_full_size_is_kept():
+    """A re-confirmation whose scaled target caches no step at full size measures 0: it is kept (the budget then
+    caches nothing, within the budget), not traded back for the target that measured over it."""
+    def small(target, calibrator="none"):
+        return B.Trial(target=target, error=0.035, estimate=target, cached=1, smallest=0.01, work=0.2,
+                       calibrator=calibrator, cost=0.6)
+
+    def confirm(target, calibrator):
+        if not runs:
+            runs.append(target)
+            return B.Trial(target=target, error=0.045, estimate=target, cached=1, smallest=0.01, work=1.7,
+                           calibrator=calibrator, cost=0.6)
+        runs.append(target)
+        return B.Trial(target=target, error=0.0, estimate=0.0, cached=0, smallest=None, work=1.0,
+                       calibrator=calibrator, cost=1.0)
+    runs = []
+    result = B.calibrate(0.05, small, confirm)
+    assert len(runs) == 2 and [t.error for t in result.again] == [0.0]
+    assert result.target == pytest.approx(runs[1]) == pytest.approx(0.04 * 0.04 / 0.045)
+    assert "again at target" in result.describe() and result.work == pytest.approx(0.2 + 1.7 + 1.0)
+
+
 def test_without_a_confirmation_the_small_runs_are_the_calibration():
     small, _full, calls = stand_in(1.2)
     result = B.calibrate(0.03, small, None)
