@@ -122,12 +122,11 @@ def test_a_scaled_target_that_caches_nothing_at_full_size_is_kept():
         return B.Trial(target=target, error=0.035, estimate=target, cached=1, smallest=0.01, work=0.2,
                        calibrator=calibrator, cost=0.6)
 
-    def confirm(target, calibrator):
-        if not runs:
-            runs.append(target)
+    def confirm(target, calibrator):  # over the aim first, then nothing cached
+        runs.append(target)
+        if len(runs) == 1:
             return B.Trial(target=target, error=0.045, estimate=target, cached=1, smallest=0.01, work=1.7,
                            calibrator=calibrator, cost=0.6)
-        runs.append(target)
         return B.Trial(target=target, error=0.0, estimate=0.0, cached=0, smallest=None, work=1.0,
                        calibrator=calibrator, cost=1.0)
     runs = []
