@@ -169,7 +169,9 @@ class Wan22CacheBudget(io.ComfyNode):
                                tooltip="none or taylorseer: the budget also tries cache-dit's TaylorSeer calibrator "
                                        "(a cached step's residual forecast instead of reused: fewer blocks for the "
                                        "same error where the plain cache's steps are coarse) within the same "
-                                       "work, and keeps it only where it runs fewer blocks. TaylorSeer holds up to "
+                                       "work, and keeps it where it runs fewer blocks, or where the plain cache's "
+                                       "full run lands within the budget but over its aim (the same target "
+                                       "forecast, not a cached step given up). TaylorSeer holds up to "
                                        "five tensors of the hidden state's size per prompt instead of two (at "
                                        "720p x 81 frames and CFG > 1: 7.7 GB instead of 3.1); choose the plan's "
                                        "calibrator on a card without that room."),

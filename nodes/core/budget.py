@@ -16,11 +16,12 @@ measured error meets the budget:
 3. `confirm`: once at full size, the run without the cache and with the calibrated target; if it measures more
    than the small runs aimed at (MARGIN x budget: the small latent's factor did not hold, or the last small
    run was within the budget but not the aim), the target is scaled down by what the full run measured, to the
-   aim; where the work allows (MAX_WORK: the uncached full run is kept, so it costs one cached run), the
-   scaled target is confirmed once more at full size, and scaled again if it still measures over the aim: the
-   error moves in jumps with the target (one cached step more or less), so a scaled target can keep the same
-   cache pattern and measure the same. Without a confirmation (calibration at full size) the chosen small run
-   is held to the same aim.
+   aim, or, for a plain run still within the budget where TaylorSeer is allowed, kept with TaylorSeer (its
+   cached steps forecast: less error for the same steps, `forecast_instead`); where the work allows (MAX_WORK:
+   the uncached full run is kept, so it costs one cached run), the changed run is confirmed once more at full
+   size, and its target scaled if it still measures over the aim: the error moves in jumps with the target (one
+   cached step more or less), so a scaled target can keep the same cache pattern and measure the same.
+   Without a confirmation (calibration at full size) the chosen small run is held to the same aim.
 
 A budget of 0 caches nothing and runs nothing. A budget that no cached step fits in is refused, naming
 error_budget and the smallest change one cached step was estimated to make. The search is pure: it is handed
@@ -47,6 +48,7 @@ MAX_WORK = 3.0  # the calibration's work, in full-size uncached runs, that anoth
 # TaylorSeer's error over the plain criterion's at the same target: on the tuning bed, the median of the ratio
 # over its swept targets (0.015 to 0.05) at 20 and 40 steps (0.32 to 1.0; bench/quality.py `choose`).
 TAYLORSEER_ERROR = 0.57
+FORECAST = "taylorseer"  # the calibrator a plain run over the aim switches to (forecast_instead)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class Calibration:
             return "error budget 0: nothing is cached"
         full = ("" if self.full is None else
                 f"; at full size {self.full.error:.4f} (estimate {self.full.estimate:.4f})")
+        if self.full is not None and self.full.calibrator != self.calibrator:
+            full += f", then {self.calibrator} at that target"
         full += "".join(f", again at target {t.target:.4g}: {t.error:.4f}" for t in self.again)
         small = ", ".join(f"{t.error:.4f}" + ("" if t.calibrator == "none" else f" ({t.calibrator})")
                           for t in self.small)
@@ -166,6 +170,16 @@ def again_cost(target: float, last: Trial, trials: list) -> float:
     return max(last.cost, max(below, key=lambda t: t.target).cost) if below else 1.0
 
 
+def forecast_instead(budget: float, last: Trial, calibrators: tuple) -> bool:
+    """A run of the plain cache within the budget but over the aim: TaylorSeer at the same target, where the
+    caller allows it, rather than a target scaled down. The criterion decides which steps to cache from the
+    computed steps alone, so the same target caches about the same steps; TaylorSeer forecasts them instead of
+    reusing the last residual, which measured TAYLORSEER_ERROR (0.32 to 1.0) x the plain cache's error: the
+    aim where its factor holds, the budget still where it changes nothing. A scaled target would give up a
+    cached step to buy the same margin."""
+    return last.calibrator == "none" and FORECAST in calibrators and last.error <= budget
+
+
 def calibrate(budget: float, small: Callable[[float, str], Trial],
               confirm: Callable[[float, str], Trial] | None = None, calibrators: tuple = ("none",)) -> Calibration:
     """The error criterion's target and calibrator for `budget` (see the module's text); `small` and `confirm`
@@ -199,9 +213,14 @@ def calibrate(budget: float, small: Callable[[float, str], Trial],
         calibration.full = confirm(chosen.target, chosen.calibrator)
     last = calibration.full or chosen
     if last.error > aim:  # held to the aim: the seeds the budget runs on vary (MARGIN)
-        calibration.target = last.target * aim / last.error
-        if confirm is not None and calibration.work + again_cost(calibration.target, last, trials) <= MAX_WORK:
-            last = confirm(calibration.target, chosen.calibrator)  # once more: did the scaled target hold?
+        if forecast_instead(budget, last, calibrators):
+            calibration.calibrator = FORECAST  # the same target: its cached steps forecast instead of reused
+            again = last.cost
+        else:
+            calibration.target = last.target * aim / last.error
+            again = again_cost(calibration.target, last, trials)
+        if confirm is not None and calibration.work + again <= MAX_WORK:
+            last = confirm(calibration.target, calibration.calibrator)  # once more: did the change hold?
             calibration.again.append(last)
             if last.error > aim:
                 calibration.target = last.target * aim / last.error

@@ -220,3 +220,46 @@ def test_another_calibrators_trials_stay_within_the_work_limit():
     spent_before_confirmation = sum(t.work for t in result.small)
     assert any(t.calibrator == "taylorseer" for t in result.small)
     assert spent_before_confirmation + 1 + max(t.cost for t in result.small) <= B.MAX_WORK
+
+
+def plain_over_the_aim(full_plain: float, small_work: float):
+    """A budget of 0.05 (aim 0.04): the plain small run lands within the aim (0.035), TaylorSeer's small runs
+    over it (0.045, so the plain one is chosen); at full size the plain run measures `full_plain`, TaylorSeer
+    0.6 x that at the same target and cost."""
+    runs = []
+
+    def small(target, calibrator):
+        return B.Trial(target=target, error=0.035 if calibrator == "none" else 0.045, estimate=target, cached=2,
+                       smallest=0.01, work=small_work, calibrator=calibrator, cost=0.6)
+
+    def confirm(target, calibrator):
+        runs.append((calibrator, target))
+        error = full_plain * (1.0 if calibrator == "none" else 0.6)
+        return B.Trial(target=target, error=error, estimate=target, cached=2, smallest=0.01,
+                       work=1.7 if len(runs) == 1 else 0.6, calibrator=calibrator, cost=0.6)
+    return small, confirm, runs
+
+
+def test_a_plain_full_run_within_the_budget_but_over_the_aim_keeps_its_target_with_taylorseer():
+    """0.045 at full size: within 0.05, over its aim. Where TaylorSeer is allowed the target is kept and its
+    cached steps forecast (the same steps, less error) instead of scaled down (a cached step given up); confirmed
+    once more at full size where the work allows (0.1 x 4 small runs + 1.7 + 0.6 <= 3), else kept unconfirmed."""
+    for small_work, again in ((0.1, True), (0.2, False)):
+        small, confirm, runs = plain_over_the_aim(0.045, small_work)
+        result = B.calibrate(0.05, small, confirm, ("none", "taylorseer"))
+        assert result.full.calibrator == "none" and result.full.error == 0.045
+        assert result.calibrator == "taylorseer" and result.target == result.full.target
+        assert runs[1:] == ([("taylorseer", result.full.target)] if again else [])
+        assert [t.error for t in result.again] == ([pytest.approx(0.027)] if again else [])
+        assert result.work <= B.MAX_WORK and "then taylorseer at that target" in result.describe()
+
+
+def test_a_plain_full_run_over_the_budget_or_without_taylorseer_scales_its_target_down():
+    """Over the budget itself (0.055) TaylorSeer's factor (0.32 to 1.0 x on the tuning bed) may not bring it
+    within: the target is scaled, the plain cache kept. With the plain calibrator alone, 0.045 scales too."""
+    for full_plain, calibrators in ((0.055, ("none", "taylorseer")), (0.045, ("none",))):
+        small, confirm, runs = plain_over_the_aim(full_plain, 0.1)
+        result = B.calibrate(0.05, small, confirm, calibrators)
+        assert result.calibrator == "none" and {c for c, _t in runs} == {"none"}
+        scaled = (result.again[0] if result.again else result).target
+        assert scaled == pytest.approx(result.full.target * 0.04 / full_plain)
