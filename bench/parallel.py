@@ -111,11 +111,19 @@ def measure(repeats: int, quick: bool) -> dict:
 
 
 def parallel_run(runs: Runs, name: str, cache, plan, cfg: float):
+    """The plan's run through the sampler's dispatch (its workers); the one-process run through the engine that
+    dispatch runs without a plan, minus dispatch's release of warm workers (a user's run without a plan frees
+    them), which would restart both workers in every round of the interleaved timing."""
     experts = runs.experts.replace(cache_plan=cache, parallel_plan=plan)
+    cfgs = {"high": cfg, "low": cfg}
 
     def run():
-        latent, runs.records[name] = runs.sampling.run(experts, runs.handle, runs.positive, runs.negative,
-                                                       runs.latent, runs.seed, {"high": cfg, "low": cfg})
+        if plan is None:
+            latent, runs.records[name] = runs.engine.sample(experts, runs.schedule, runs.positive, runs.negative,
+                                                            runs.latent, runs.seed, cfgs)
+        else:
+            latent, runs.records[name] = runs.sampling.run(experts, runs.handle, runs.positive, runs.negative,
+                                                           runs.latent, runs.seed, cfgs)
         return latent["samples"]
     return run
 
