@@ -87,17 +87,18 @@ def track(world, latent: torch.Tensor, control: torch.Tensor, cls: int) -> dict:
     return {"distance": distance, "fidelity": 1 - distance / world.chance_distance(cls, frames, side)}
 
 
-def points(runs, methods) -> dict:
+def points(runs, methods, quick: bool = False) -> dict:
     """name -> (design, setting, patch) for the cached points: on a VACE bed each design at the defaults, at each of
-    TARGETS and with TaylorSeer; on the 5B bed the MODEL node at its own defaults (one KSampler: its sample call
-    is the stage)."""
+    TARGETS (the largest alone in the quick mode) and with TaylorSeer; on the 5B bed the MODEL node at its own
+    defaults (one KSampler: its sample call is the stage)."""
     if runs.bed.config.single:
         node = methods.node
         inputs = {i.id: i.default for i in node.define_schema().inputs if i.id != "model"}
         return {"defaults": (None, "defaults", lambda _role, model: node.execute(model=model, **inputs).args[0])}
     defaults = runs.comfy.pack("nodes.core.cache").CachePlan().node_inputs()
     out = {}
-    settings = [("defaults", {})] + [(f"target {t:g}", {"error_target": t}) for t in TARGETS
+    targets = TARGETS[-1:] if quick else TARGETS
+    settings = [("defaults", {})] + [(f"target {t:g}", {"error_target": t}) for t in targets
                                      if t != defaults["error_target"]]
     for label, node in settings + [("TaylorSeer", {"calibrator": "taylorseer"})]:
         node = {"criterion": "error", "error_target": defaults["error_target"], **node}
@@ -113,7 +114,7 @@ def measure_steps(runs, counters: tuple, steps: int, quick: bool, log) -> dict:
     world, size, vace_bed = runs.world, runs.bed.config.measured, runs.bed.config.vace
     stage_cache = runs.comfy.pack("nodes.stage_cache").StageCache
     main, vace = counters
-    named = points(runs, Methods(runs.comfy))
+    named = points(runs, Methods(runs.comfy), quick)
     rows = {name: {"rel_l2": [], "cost": [], "a14b_cost": [], "fidelity": []} for name in ("native", *named)}
     for i, (seed, cls) in enumerate(CASES[:1] if quick else CASES):
         cls %= len(world.classes)

@@ -1,31 +1,35 @@
 """Every benchmark of `make bench` run in its quick mode, as a command, so that a change that breaks one fails
-the suite instead of `make bench` (bench.parallel's and bench.family's in `make test-slow`, which CI runs too):
-each exits 0 and writes its *_quick results, holding what the full run writes, into a temporary folder (never
-over bench/results). Counts a benchmark cannot use are refused by name before anything starts. bench/gpu.py is
-tested by test_gpu_bench.py.
+the suite instead of `make bench`: each exits 0 and writes its *_quick results, holding what the full run writes,
+into a temporary folder (never over bench/results). Counts a benchmark cannot use are refused by name before
+anything starts. bench/gpu.py is tested by test_gpu_bench.py.
 
-Seconds each, measured 2026-12-05 on two CPU cores that other processes kept busy (expect less on idle cores):
-bench.run 14, bench.endurance 18 to 46 (a server starts), bench.few_steps 15, bench.compile 47 to 50 (inductor
-compiles the whole model once), bench.parallel 36 to 107 (two Ray workers start); bench.quality about 75 (its
-quick bed: 2 layers, 6 optimiser steps, into a temporary cache: no measuring bed is trained), bench.family about
-64 (quick VACE and TI2V-5B beds likewise); the refusals well under a second all together (argparse, in this
-process).
+The quick runs start together, two at a time (`quick_runs`, the longest first), and each test waits for its own:
+most of them keep one core busy or wait on a server or a worker, so two side by side take about half the time
+of one after another (their figures claim nothing, and nothing here is timed). Seconds each, one at a time,
+measured 2026-12-06 on two CPU cores: bench.quality about 100 (its quick bed, 2 layers and 6 optimiser steps,
+trains into a temporary cache: no measuring bed is trained; then the --budgets rerun), bench.family about 65
+(quick VACE and TI2V-5B beds likewise), bench.compile about 50 (inductor compiles the whole model once),
+bench.parallel about 25 (two Ray workers start), bench.endurance 18 (a server starts), bench.few_steps 15,
+bench.run 14; the refusals well under a second all together (argparse, in this process).
 """
 
 import json
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from devtools.paths import ROOT
 
-HANG_GUARD_S = 1800  # each takes well under a minute on idle cores; this only guards against a hang
+HANG_GUARD_S = 1800  # each takes well under two minutes on idle cores; this only guards against a hang
+LANES = 2  # quick runs side by side: the machine's two cores
 
 
-def quick(module: str, results_dir, *args) -> subprocess.CompletedProcess:
+def quick(module: str, results_dir, *args, env=None) -> subprocess.CompletedProcess:
     run = subprocess.run([sys.executable, "-m", module, "--quick", "--results-dir", str(results_dir), *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run
 
@@ -36,8 +40,48 @@ def written(results_dir, name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def test_bench_run_quick(tmp_path):
-    quick("bench.run", tmp_path)
+def quality_then_budgets(results_dir, env) -> dict:
+    """bench.quality's quick run, then its --budgets rerun into the same results: the first run's JSON."""
+    quick("bench.quality", results_dir, "--jobs", "1", env=env)
+    first = written(results_dir, "quality_quick.json")
+    quick("bench.quality", results_dir, "--jobs", "1", "--budgets", env=env)
+    return first
+
+
+def with_beds(base) -> dict:
+    return {**os.environ, "WAN22_TESTBED_CACHE": str(base / "beds")}  # quick beds, trained into this test's folder
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    """name -> (its results folder, the future of its run), every quick run started at once, LANES at a time."""
+    base = tmp_path_factory.mktemp("bench_quick")
+    jobs = {  # the longest first, so that the lanes end together
+        "bench.quality": lambda d: quality_then_budgets(d / "results", with_beds(d)),
+        "bench.family": lambda d: quick("bench.family", d / "results", env=with_beds(d)),
+        "bench.compile": lambda d: quick("bench.compile", d),
+        "bench.parallel": lambda d: quick("bench.parallel", d),
+        "bench.endurance": lambda d: quick("bench.endurance", d),
+        "bench.few_steps": lambda d: quick("bench.few_steps", d),
+        "bench.run": lambda d: quick("bench.run", d),
+    }
+    with ThreadPoolExecutor(max_workers=LANES) as pool:
+        runs = {}
+        for name, job in jobs.items():
+            folder = base / name
+            folder.mkdir()
+            runs[name] = (folder, pool.submit(job, folder))
+        yield runs
+
+
+def finished(quick_runs, name: str):
+    """(its results folder, what its run returned), once it has finished; its failure raised here."""
+    folder, future = quick_runs[name]
+    return folder, future.result()
+
+
+def test_bench_run_quick(quick_runs):
+    tmp_path, _ = finished(quick_runs, "bench.run")
     results = written(tmp_path, "latest_quick.json")
     assert list(results["variants"]) == ["native", "native_easycache", "ours", "ours_cachedit", "ours_taylorseer"]
     assert results["native_max_abs"] == 0.0 and results["acceptance"]["native_max_abs"]  # cache off: bit for bit
@@ -48,8 +92,8 @@ def test_bench_run_quick(tmp_path):
     assert (tmp_path / "latest_quick.md").exists() and (tmp_path / "latest_quick.png").exists()
 
 
-def test_bench_endurance_quick(tmp_path):
-    quick("bench.endurance", tmp_path)
+def test_bench_endurance_quick(quick_runs):
+    tmp_path, _ = finished(quick_runs, "bench.endurance")
     results = written(tmp_path, "endurance_quick.json")
     assert results["ok"] and results["prompts"] == 4
     assert results["valid_ok"] == results["valid"] == 2 and results["split_mismatches"] == []
@@ -57,8 +101,8 @@ def test_bench_endurance_quick(tmp_path):
     assert results["first_prompt_repeats"] and not results["rss_growth_judged"]
 
 
-def test_bench_few_steps_quick(tmp_path):
-    quick("bench.few_steps", tmp_path)
+def test_bench_few_steps_quick(quick_runs):
+    tmp_path, _ = finished(quick_runs, "bench.few_steps")
     results = written(tmp_path, "few_steps_quick.json")
     assert [r["steps"] for r in results["step_counts"]] == [4, 20] and results["config"]["quick"]
     methods = {row["method"] for row in results["rows"]}
@@ -67,8 +111,8 @@ def test_bench_few_steps_quick(tmp_path):
     assert (tmp_path / "few_steps_quick.png").exists()
 
 
-def test_bench_compile_quick(tmp_path):
-    quick("bench.compile", tmp_path)
+def test_bench_compile_quick(quick_runs):
+    tmp_path, _ = finished(quick_runs, "bench.compile")
     results = written(tmp_path, "compile_quick.json")
     assert list(results["variants"]) == [f"{mode}, cache {c}" for mode in ("eager", "whole model", "per block")
                                          for c in ("off", "on")]
@@ -78,11 +122,10 @@ def test_bench_compile_quick(tmp_path):
     assert results["config"]["quick"] and (tmp_path / "compile_quick.md").exists()
 
 
-@pytest.mark.slow  # two Ray workers start: in make test-slow, which CI runs, to keep make test under 20 minutes
-def test_bench_parallel_quick(tmp_path):
+def test_bench_parallel_quick(quick_runs):
     pytest.importorskip("ray", reason="the parallel plan needs Ray (requirements-dev.txt)")
     pytest.importorskip("yunchang", reason="the parallel plan needs yunchang (requirements-dev.txt)")
-    quick("bench.parallel", tmp_path)
+    tmp_path, _ = finished(quick_runs, "bench.parallel")
     results = written(tmp_path, "parallel_quick.json")
     rows = results["variants"]
     assert len(rows) == 8 and results["config"]["quick"]
@@ -94,10 +137,8 @@ def test_bench_parallel_quick(tmp_path):
     assert "holds" not in (tmp_path / "parallel_quick.md").read_text()  # a smoke test judges no target
 
 
-def test_bench_quality_quick(tmp_path, monkeypatch):
-    monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path / "beds"))
-    quick("bench.quality", tmp_path / "results", "--jobs", "1")
-    results = written(tmp_path / "results", "quality_quick.json")
+def test_bench_quality_quick(quick_runs):
+    tmp_path, results = finished(quick_runs, "bench.quality")
     assert results["bed"]["name"] == "quick" and results["config"]["quick"]
     [run] = results["step_counts"]
     assert run["steps"] == 20
@@ -109,7 +150,6 @@ def test_bench_quality_quick(tmp_path, monkeypatch):
     for name in ("quality_quick.md", "quality_quick.png", "quality_summary_quick.md"):
         assert (tmp_path / "results" / name).exists(), name
     # --budgets: the budget points measured again into the kept results, the other points kept as they were
-    quick("bench.quality", tmp_path / "results", "--jobs", "1", "--budgets")
     again = written(tmp_path / "results", "quality_quick.json")
     [run_again] = again["step_counts"]
     assert [p for p in run_again["points"] if p["method"] != "budget"] == [
@@ -123,14 +163,12 @@ def test_bench_quality_quick(tmp_path, monkeypatch):
     results.write_text(json.dumps({**again, "bed": {**again["bed"], "sha256": {"high": "other", "low": "other"}}}))
     refused = subprocess.run([sys.executable, "-m", "bench.quality", "--quick", "--results-dir",
                               str(tmp_path / "results"), "--jobs", "1", "--budgets"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=HANG_GUARD_S)
+                             text=True, timeout=HANG_GUARD_S, env=with_beds(tmp_path))
     assert refused.returncode != 0 and "are from other weights" in refused.stderr and "make quality" in refused.stderr
 
 
-@pytest.mark.slow  # two quick beds train first: in make test-slow, which CI runs (make test under 20 minutes)
-def test_bench_family_quick(tmp_path, monkeypatch):
-    monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path / "beds"))
-    quick("bench.family", tmp_path / "results")
+def test_bench_family_quick(quick_runs):
+    tmp_path, _ = finished(quick_runs, "bench.family")
     results = written(tmp_path / "results", "family_quick.json")
     assert results["config"]["quick"] and results["checks"] == []
     assert {kind: bed["bed"]["name"] for kind, bed in results["beds"].items()} == {"vace": "quick_vace",
