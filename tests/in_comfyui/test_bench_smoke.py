@@ -53,9 +53,11 @@ def with_beds(base) -> dict:
 
 
 @pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
-    """name -> (its results folder, the future of its run), every quick run started at once, LANES at a time."""
+def quick_runs(request, tmp_path_factory):
+    """name -> (its results folder, the future of its run): the quick run of every test selected in this module
+    (test_<module>_quick), started at once, LANES at a time."""
     base = tmp_path_factory.mktemp("bench_quick")
+    selected = {item.name for item in request.session.items}
     jobs = {  # the longest first, so that the lanes end together
         "bench.quality": lambda d: quality_then_budgets(d / "results", with_beds(d)),
         "bench.family": lambda d: quick("bench.family", d / "results", env=with_beds(d)),
@@ -68,6 +70,8 @@ def quick_runs(tmp_path_factory):
     with ThreadPoolExecutor(max_workers=LANES) as pool:
         runs = {}
         for name, job in jobs.items():
+            if f"test_{name.replace('.', '_')}_quick" not in selected:
+                continue
             folder = base / name
             folder.mkdir()
             runs[name] = (folder, pool.submit(job, folder))
