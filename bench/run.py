@@ -19,7 +19,10 @@ step the plan's caps allow (measured, see CACHE_THRESHOLD). That threshold says 
 columns: they say how far caching moves this run, not how a real video looks (bench/quality.py measures
 quality, on the trained test beds). Each target says what it can show here:
 
-- ours without cache / native (wall) <= 1.02: the pack's sampler costs no more than ComfyUI's own graph;
+- the pack's own seconds per run (cache off) over native's <= 0.02: the pack's sampler costs no more than
+  ComfyUI's own graph. Its cost (wrappers, clones, checks: fixed per call and per run) is timed where the
+  transformer costs next to nothing, over many interleaved pairs (OVERHEAD_ROUNDS): the wall-clock ratio of
+  the cache-off row, reported, varies from round to round on a shared machine by more than 2%;
 - max abs difference to native with the cache off == 0: the pack's sampler is the native graph, bit for bit;
 - speed-up at 0.24 >= 1.6: the steps cached reach the wall clock (how many are cached is these random
   weights' doing, not a real video's);
@@ -43,6 +46,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 
 import torch
@@ -68,10 +72,19 @@ RUN = {"sampler": "uni_pc", "scheduler": "simple", "steps": 20, "flow_shift": 12
 # experts or the sampler does not move the count, and is the threshold the plumbing tests use on random weights
 # (tests/in_comfyui/prompts.RANDOM_WEIGHTS_THRESHOLD) and the shipped workflows were saved with.
 CACHE_THRESHOLD = 0.24
+# The pack's own cost per run (cache off) is measured apart from the wall-clock rows: ours without cache runs the
+# native graph's kernels, the same calls of the same shapes, plus its wrappers, clones and checks, a fixed
+# cost per transformer call and per run that does not grow with the tensors. The wall-clock ratio cannot show
+# it on a shared machine: a run of this shape varies by 5 to 10% from one round to the next (2026-12-06:
+# neighbouring pairs 0.91 to 1.13, cProfile of one pair 0.6% apart, same kernels), far more than a 2% target.
+# So that cost is timed where the transformer costs next to nothing (QUICK_EXPERT, QUICK_LATENT, the same
+# run: the same calls and wrappers), as the median over OVERHEAD_ROUNDS interleaved pairs of ours' seconds
+# minus native's, and judged against native's seconds at this shape.
+OVERHEAD_ROUNDS = 21
 # (key, op, bound, label, what it can show on random weights): the docstring says more.
 TARGETS = [
-    ("native_ratio", "<=", 1.02, "ours without cache / native (wall)",
-     "the pack's sampler costs no more than ComfyUI's graph"),
+    ("overhead_share", "<=", 0.02, "the pack's own seconds per run (cache off) / native's",
+     "the pack's sampler costs no more than ComfyUI's graph (see OVERHEAD_ROUNDS)"),
     ("native_max_abs", "==", 0.0, "max abs difference to native, cache off", "bit for bit the native graph"),
     ("speedup_cached", ">=", 1.6, f"speed-up, Cache-DiT at {CACHE_THRESHOLD}",
      "the cached steps reach the wall clock (how many: the random weights' doing)"),
@@ -106,22 +119,27 @@ class Bench:
     """ComfyUI in this process with the pack loaded, and tiny experts loaded by ComfyUI's own loader."""
 
     def __init__(self, base: str, device: str, expert: dict = SPEED_EXPERT, latent: tuple = SPEED_LATENT):
-        from devtools import tiny_wan
         from devtools.comfy_inprocess import InProcessComfy
 
         self.comfy = InProcessComfy(base, cpu=device == "cpu")
-        import comfy.sd
+        self.base = base
+        self.cache = self.comfy.pack("nodes.core.cache")
+        self.runs = self.runs_on(expert, latent, "bench")
 
-        folder = os.path.join(base, "models", "diffusion_models")
+    def runs_on(self, expert: dict, latent: tuple, prefix: str) -> Runs:
+        """RUN on two experts of this shape (seeds 1 and 2), loaded by ComfyUI's own loader."""
+        import comfy.sd
+        from devtools import tiny_wan
+
+        folder = os.path.join(self.base, "models", "diffusion_models")
         models = {}
         for role, seed in (("high", 1), ("low", 2)):
             path = tiny_wan.write_single_file(tiny_wan.make_expert("t2v", seed, **expert),
-                                              os.path.join(folder, f"bench_{role}.safetensors"), "fp32")
+                                              os.path.join(folder, f"{prefix}_{role}.safetensors"), "fp32")
             models[role] = comfy.sd.load_diffusion_model(path)
-        self.cache = self.comfy.pack("nodes.core.cache")
-        self.runs = Runs(self.comfy, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=RUN["steps"],
-                         flow_shift=RUN["flow_shift"], seed=RUN["seed"],
-                         cfg={"high": RUN["cfg_high"], "low": RUN["cfg_low"]}, latent_shape=latent)
+        return Runs(self.comfy, models, sampler=RUN["sampler"], scheduler=RUN["scheduler"], steps=RUN["steps"],
+                    flow_shift=RUN["flow_shift"], seed=RUN["seed"],
+                    cfg={"high": RUN["cfg_high"], "low": RUN["cfg_low"]}, latent_shape=latent)
 
 
 def measure(device: str, repeats: int, quick: bool = False) -> dict:
@@ -141,6 +159,9 @@ def measure(device: str, repeats: int, quick: bool = False) -> dict:
         timed = interleaved(Timer(torch.device(device)), variants, repeats)
         records = runs.records
         split = list(runs.schedule.split)
+        cheap = bench.runs_on(QUICK_EXPERT, QUICK_LATENT, "overhead")
+        pairs = interleaved(Timer(torch.device(device)), {"native": cheap.native(), "ours": cheap.ours("ours")},
+                            3 if quick else OVERHEAD_ROUNDS)
     reference, native_rounds = timed["native"][0], timed["native"][2]
     rows = {}
     for name, (latent, seconds, all_seconds) in timed.items():
@@ -150,9 +171,15 @@ def measure(device: str, repeats: int, quick: bool = False) -> dict:
                       "max_abs": (latent - reference).abs().max().item(), **cache_columns(records.get(name))}
     ours = rows["ours_cachedit"]
     easy = rows["native_easycache"]
+    added = statistics.median(o - n for n, o in zip(pairs["native"][2], pairs["ours"][2]))
+    native_seconds = statistics.median(native_rounds)
     return {
         "variants": rows, "split": split, "cache_threshold": CACHE_THRESHOLD,
         "native_ratio": 1 / rows["ours"]["speedup"], "native_max_abs": rows["ours"]["max_abs"],
+        "overhead": {"added_seconds": added, "rounds": len(pairs["native"][2]), "expert": QUICK_EXPERT,
+                     "latent": list(QUICK_LATENT), "native_seconds": pairs["native"][2],
+                     "ours_seconds": pairs["ours"][2]},
+        "overhead_share": added / native_seconds,
         "speedup_cached": ours["speedup"], "block_forward_ratio": ours["block_forward_ratio"],
         "speedup_share": ours["speedup"] / ours["block_forward_ratio"], "rel_l2_cached": ours["rel_l2"],
         "psnr_cached": ours["psnr_db"], "speedup_taylorseer": rows["ours_taylorseer"]["speedup"],
@@ -186,6 +213,12 @@ def table(results: dict) -> str:
         bound_text = f"{bound:g}" if isinstance(bound, float) else f"{bound}"
         target = bound_text if op == "==" else f"{op} {bound_text}"
         lines.append(f"| {label} | {shown} | {target} | {shows} |")
+    over = results["overhead"]
+    tokens = over["latent"][2] * (over["latent"][3] // 2) * (over["latent"][4] // 2)
+    lines += ["", f"The pack's own seconds per run, cache off: {over['added_seconds'] * 1000:+.1f} ms (the median over "
+                  f"{over['rounds']} interleaved pairs of ours minus native, on {over['expert']['num_layers']}-block "
+                  f"experts over {tokens} tokens, where the transformer costs next to nothing); "
+                  f"the wall-clock ratio of the cache-off row varies from round to round by more than that."]
     return "\n".join(lines)
 
 

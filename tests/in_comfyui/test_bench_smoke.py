@@ -93,7 +93,8 @@ def test_bench_run_quick(quick_runs):
     assert results["config"]["quick"] and results["config"]["cache_threshold"] == results["cache_threshold"]
     # the threshold is one at which random experts cache: the cached rows time the cache, not its hooks alone
     assert results["block_forward_ratio"] > 1.0, results["variants"]["ours_cachedit"]
-    assert {"speedup_cached", "speedup_share", "rel_l2_cached", "beats_easycache"} <= set(results["acceptance"])
+    assert {"overhead_share", "speedup_cached", "speedup_share", "rel_l2_cached", "beats_easycache"} <= set(
+        results["acceptance"])
     assert (tmp_path / "latest_quick.md").exists() and (tmp_path / "latest_quick.png").exists()
 
 
