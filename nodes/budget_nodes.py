@@ -85,7 +85,7 @@ class Runs:
         blocks = sum(s["block_forwards"] for s in stages)
         return core_budget.Trial(
             target=target, error=core_budget.relative_l2(reference, out["samples"]),
-            estimate=math.sqrt(sum(s.get("estimated_error", 0.0) ** 2 for s in stages)),
+            estimate=sum(s.get("estimated_error", 0.0) for s in stages),  # they add up (core.cache.error_shares)
             cached=sum(len(s["cached_steps"]) + len(s["cfg_cached_steps"]) for s in stages),
             smallest=min(smallest) if smallest else None,
             work=work + self.work(blocks, latent), calibrator=calibrator, cost=blocks / reference_blocks)

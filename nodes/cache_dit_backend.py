@@ -13,7 +13,9 @@ itself. Another cache method is another module with these functions (a test driv
 - `weigh_statistic(diffusion_model, weight)`: for a worker whose shard of the sequence is longer or shorter
   than an equal share, its residual statistic weighed before the workers average it (the parallel plan);
 - `decide_by(diffusion_model, choose, seen)`: each step decided with the threshold a criterion gives for
-  it (the error criterion, core.cache.ErrorAllowance), which hears each decision and the residual change.
+  it (the error criterion, core.cache.ErrorAllowance), which hears each decision and the residual change;
+- `watch_forecasts(diffusion_model, heard)`: at each computed step, what the cache would have used for the
+  step's cached blocks minus what they computed (the error criterion's miss, cache_miss.py).
 
 Each stage gets a context of its own, built when the stage's sampling starts and dropped when it ends, so
 cache-dit's step count (`num_inference_steps`, which only decides when a context it reuses restarts) stays
@@ -38,18 +40,21 @@ def quiet():
     return at_level(handler, logging.ERROR)
 
 
-def config(plan: CachePlan, role: str, separate_cfg: bool | None):
+def config(plan: CachePlan, role: str, separate_cfg: bool | None, installed: bool = False):
     """cache-dit's config for one expert's context. With separate CFG, each evaluation is a pair of transformer
     calls, each prompt with a residual stream of its own; without, one call per evaluation (CFG 1, or both
-    prompts batched in it). None leaves it open (the plan before a run decides it)."""
+    prompts batched in it). None leaves it open (the plan before a run decides it). `installed`: the config
+    installed, where the error criterion keeps the caps itself (core.cache.ErrorAllowance): cache-dit does not
+    compare a step a cap stops, and the criterion measures the miss of every step it compared."""
     from cache_dit import DBCacheConfig
 
     s = plan.settings(role)
+    own_caps = installed and plan.criterion == "error"
     # A full config every time: a `.reset()` config cannot be a base config.
     return DBCacheConfig(Fn_compute_blocks=plan.first_compute_blocks, Bn_compute_blocks=plan.last_compute_blocks,
                          residual_diff_threshold=plan.residual_diff_threshold, max_warmup_steps=s.warmup_steps,
-                         warmup_interval=1, max_cached_steps=s.max_cached_steps,
-                         max_continuous_cached_steps=plan.max_continuous_cached_steps,
+                         warmup_interval=1, max_cached_steps=-1 if own_caps else s.max_cached_steps,
+                         max_continuous_cached_steps=-1 if own_caps else plan.max_continuous_cached_steps,
                          enable_separate_cfg=separate_cfg, cfg_compute_first=False)
 
 
@@ -90,7 +95,7 @@ def install(diffusion_model, plan: CachePlan, role: str, separate_cfg: bool) -> 
         # Pattern_3: ComfyUI's Wan blocks take x and return x (context, e, freqs as keyword arguments).
         adapter = BlockAdapter(transformer=diffusion_model, blocks=diffusion_model.blocks,
                                forward_pattern=ForwardPattern.Pattern_3, check_forward_pattern=False)
-        cache_dit.enable_cache(adapter, cache_config=config(plan, role, separate_cfg),
+        cache_dit.enable_cache(adapter, cache_config=config(plan, role, separate_cfg, installed=True),
                                calibrator_config=calibrator(plan))
 
 
@@ -100,7 +105,7 @@ def refresh(diffusion_model, plan: CachePlan, role: str, separate_cfg: bool) -> 
     import cache_dit
 
     with quiet():
-        cache_dit.refresh_context(diffusion_model, cache_config=config(plan, role, separate_cfg),
+        cache_dit.refresh_context(diffusion_model, cache_config=config(plan, role, separate_cfg, installed=True),
                                   calibrator_config=calibrator(plan))
 
 
@@ -131,23 +136,28 @@ def _contexts(diffusion_model) -> list:
     return [manager.get_context(name) for name in getattr(diffusion_model, "_context_names", ())]
 
 
-def _wrap_similarity(diffusion_model, wrap):
-    """cache-dit's `similarity` on the model's manager replaced by `wrap(what it was)` until the returned function
+def _wrap_manager(diffusion_model, name: str, wrap):
+    """cache-dit's method `name` on the model's manager replaced by `wrap(what it was)` until the returned function
     is called, which puts back exactly what it replaced (another wrapper installed before it included); nothing
     on a model that is not cached. Wrappers are taken off in the reverse order of their installing."""
     manager = _manager(diffusion_model)
     if manager is None or not is_cached(diffusion_model):
         return lambda: None
-    had, before = "similarity" in vars(manager), vars(manager).get("similarity")
-    wrapper = manager.similarity = wrap(manager.similarity)
+    had, before = name in vars(manager), vars(manager).get(name)
+    wrapper = wrap(getattr(manager, name))
+    setattr(manager, name, wrapper)
 
     def undo():
-        if vars(manager).get("similarity") is wrapper:
+        if vars(manager).get(name) is wrapper:
             if had:
-                manager.similarity = before
+                setattr(manager, name, before)
             else:
-                del manager.similarity
+                delattr(manager, name)
     return undo
+
+
+def _wrap_similarity(diffusion_model, wrap):
+    return _wrap_manager(diffusion_model, "similarity", wrap)
 
 
 def weigh_statistic(diffusion_model, weight: float):
@@ -184,6 +194,29 @@ def decide_by(diffusion_model, choose, seen):
             return cached
         return similarity
     return _wrap_similarity(diffusion_model, wrap)
+
+
+def watch_forecasts(diffusion_model, heard):
+    """Until the returned function is called, `heard(delta)` hears at each computed step what the cache would have
+    used for the step's cached blocks (their last computed residual, or the calibrator's forecast of it) minus
+    what they computed, a tensor of the hidden state's shape (of this worker's shard); nothing at a step before
+    the cache has a residual. It is read where cache-dit stores the computed residual, before it does."""
+    import torch
+
+    manager = _manager(diffusion_model)
+
+    def wrap(original):
+        def set_Bn_buffer(buffer, prefix="Bn"):
+            try:
+                forecast = manager.get_Bn_buffer(prefix)
+            except (AssertionError, KeyError):  # a calibrator with no state yet: nothing to forecast from
+                forecast = None
+            if isinstance(forecast, torch.Tensor) and isinstance(buffer, torch.Tensor) \
+                    and forecast.shape == buffer.shape:
+                heard(forecast - buffer)
+            return original(buffer, prefix=prefix)
+        return set_Bn_buffer
+    return _wrap_manager(diffusion_model, "set_Bn_buffer", wrap)
 
 
 def contexts(diffusion_model) -> list[dict]:

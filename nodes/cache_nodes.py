@@ -55,19 +55,20 @@ def criterion_inputs() -> list:
     """Both Cache-DiT nodes' criterion (added after workflows were saved: those keep the threshold)."""
     return [
         io.Combo.Input("criterion", options=list(CRITERIA), default=DEFAULTS["criterion"], optional=True,
-                       tooltip="error: each step's change to the final latent is estimated from this run's own "
-                               "statistics (the first blocks' residual change, the sampler's stride at that step, "
-                               "how much noise is left), and steps are cached while the cached ones fit "
-                               "error_target: the same meaning on any model, sampler, step count and shift. "
+                       tooltip="error: each cached step's change to the final latent is estimated from what this "
+                               "run measures (at each computed step, what the cache would have missed, through the "
+                               "model's own output and CFG, per unit of the first blocks' residual change; the "
+                               "sampler's stride at the step), and steps are cached while the cached ones fit "
+                               "error_target, on any model, sampler, step count and shift. "
                                "threshold: cache-dit's fixed residual_diff_threshold, whose cost differs from model "
                                "to model (workflows saved before this input keep it)."),
         io.Float.Input("error_target", default=DEFAULTS["error_target"], min=0.0, max=1.0, step=0.0005, round=0.0005,
                        optional=True,
                        tooltip="With criterion error: the change the cache may make to the run's final latent, "
                                "estimated (relative L2 against the uncached run; 0.01 is hard to see, 0.05 a small "
-                               "change; 0 caches nothing). The experts share it as independent errors add: each "
-                               "expert's stage gets 1/sqrt(2) of it. It is an estimate: to hold a measured budget on "
-                               "your model, use the Wan2.2 Cache-DiT Error Budget node."),
+                               "change; 0 caches nothing). The experts share it: each expert's stage gets half of it "
+                               "(a cache's errors add up). It is an estimate: to hold a measured budget on your "
+                               "model, use the Wan2.2 Cache-DiT Error Budget node."),
     ]
 
 
@@ -166,10 +167,12 @@ class SampleCallCache(StageCache):
     def __init__(self, plan: CachePlan, node_id: str | None, layers: int):
         super().__init__(plan, "high", "model", turn_off=MODEL_TURN_OFF, share=MODEL_SHARE)
         self.node_id, self.layers = node_id, layers
+        self.last_statistics = None  # the last sample call's (benchmarks read its estimate)
 
     def sampler_sample(self, executor, *args, **kwargs):
         out = super().sampler_sample(executor, *args, **kwargs)
-        line = stats_line(self.statistics(self.layers))
+        self.last_statistics = self.statistics(self.layers)
+        line = stats_line(self.last_statistics)
         logging.info("%s %s: %s", MODEL_NODE, self.node_id, line)
         show_on_canvas(self.node_id, line)
         return out

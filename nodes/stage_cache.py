@@ -23,6 +23,7 @@ import comfy.patcher_extension
 
 from . import cache_dit_backend
 from .block_forwards import SwappedForwards
+from .cache_miss import MissWatch
 from .core import cache as core
 from .core.errors import Wan22InputError
 from .core.schedule import STAGE_WORDS
@@ -167,6 +168,7 @@ class StageCache:
         self.outcome = None  # what the cache did, once the stage has run
         self.held = None  # the tensors it held at the stage's end: {"bytes", "devices"}
         self.allowance = None  # the error criterion's share of the target, while the stage is cached by it
+        self.misses = None  # ... and its measurement of the cache's miss (cache_miss.py)
         self.sigmas_of, self.sigmas = None, ()  # the sampling's sigmas tensor, and it as floats (read once)
         self.vace = None  # VACE-Fun's hints while the stage is cached (vace_hints.py)
 
@@ -215,8 +217,11 @@ class StageCache:
                 self.backend.install(self.diffusion_model, self.plan, self.role, separate_cfg=False)
                 indexed.install()
                 if self.plan.criterion == "error":
-                    self.allowance = core.stage_allowance(self.plan, self.share)
+                    self.allowance = core.stage_allowance(self.plan, self.role, self.share)
                     undecide = self.backend.decide_by(self.diffusion_model, self.allowance.threshold, self.error_seen)
+                    self.misses = MissWatch(self.diffusion_model, self.backend, getattr(guider, "cfg", 1.0),
+                                            guider.model_patcher.model.latent_format, self.allowance.missed)
+                    self.misses.install()
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
             self.outcome = self.backend.outcome(self.diffusion_model) if self.installed else None
@@ -230,6 +235,8 @@ class StageCache:
         finally:
             try:
                 undecide()
+                if self.misses is not None:
+                    self.misses.remove()
                 for counter in counters:
                     counter.remove()
                 indexed.remove()
@@ -249,6 +256,7 @@ class StageCache:
     def error_seen(self, diff: float, cached: bool) -> None:
         """The error criterion hears a call's comparison: with separate CFG, each call is half an evaluation."""
         self.allowance.seen(diff, cached, 0.5 if self.cfg_batching == "separate" else 1.0)
+        self.misses.compared(diff)
 
     # --- one evaluation: the prompts it carries must be those of the first one ---
 
@@ -272,7 +280,11 @@ class StageCache:
             raise self.changed(f"an evaluation with the prompts {describe_calls([present])} where the stage began "
                                f"with {describe_calls([self.prompts])} (a guidance node that runs the model again?)")
         self.calls_now = []
+        if self.misses is not None:
+            self.misses.begin()
         out = executor(*args, **kwargs)
+        if self.misses is not None:
+            self.misses.end()
         calls, self.calls_now = tuple(self.calls_now), None
         if self.pattern is None:
             if len(calls) != (2 if self.cfg_batching == "separate" else 1):
@@ -308,14 +320,19 @@ class StageCache:
         if self.allowance is not None:  # the call's sigma, and the sampling's, as ComfyUI's sampling marks them
             self.allowance.at(float(options["sigmas"].reshape(-1)[0]),
                               self.sampling_sigmas(options.get("sample_sigmas")))
+        slot = None if self.misses is None else self.misses.call(options, call_argument(executor, args, kwargs, "x"))
         if self.vace is None:
-            return executor(*args, **kwargs)
-        self.vace.begin(order, call_argument(executor, args, kwargs, "vace_context"),
-                        call_argument(executor, args, kwargs, "vace_strength"))
-        try:
-            return executor(*args, **kwargs)
-        finally:
-            self.vace.end()
+            out = executor(*args, **kwargs)
+        else:
+            self.vace.begin(order, call_argument(executor, args, kwargs, "vace_context"),
+                            call_argument(executor, args, kwargs, "vace_strength"))
+            try:
+                out = executor(*args, **kwargs)
+            finally:
+                self.vace.end()
+        if slot is not None:
+            self.misses.called(slot, order, out)
+        return out
 
     def sampling_sigmas(self, sigmas) -> tuple[float, ...]:
         """The sampling's sigmas as floats: read from the tensor once per sampling (one device read), not on every

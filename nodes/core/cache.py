@@ -15,27 +15,15 @@ from .experts import ROLE_WORDS, ROLES
 
 CALIBRATORS = ("none", "taylorseer")
 # How a step is chosen for the cache:
-# - "error": each step's change to the final latent is estimated from the run's own statistics (the first
-#   blocks' residual change cache-dit measures, times the step's sigma gap, times the expert's gain), and steps
-#   are cached while the estimates of the cached ones fit the run's error target; it scales to the model, the
-#   sampler, the step count and the shift;
+# - "error": each cached step's change to the final latent is estimated from what the run itself measures (the
+#   cache's miss at its computed steps, through the model's own output and CFG, per unit of the first blocks'
+#   residual change; the sampler's sigma gap), and steps are cached while the estimates of the cached ones fit
+#   the run's error target; nothing in it is fitted on a model, so a target means its number on any model, sampler,
+#   step count and shift;
 # - "threshold": cache-dit's own rule, a step is cached while that residual change is below a fixed threshold
 #   (what workflows saved before the error criterion keep).
 CRITERIA = ("error", "threshold")
 SAVED_CRITERION = "threshold"  # what a Cache-DiT node saved without a criterion runs with
-# The error criterion's gain: the change one cached step makes to the final latent (relative L2), per unit of
-# (residual change x sigma gap), at the step's sigma. A step at high noise costs more for its change (what is
-# decided early is carried through the whole run): the gain rises from its low-noise value to its high-noise
-# value over a band of sigmas. Chosen on the tuning bed alone (bench/quality.py: its single-step table, every
-# step cached alone against residual change x sigma gap, fitted over its steps and seeds; then scaled so that
-# the estimates of its cached runs at the candidate targets meet their measured errors, in the median).
-ERROR_GAIN = {"low": 2.0, "high": 10.5}
-GAIN_BAND = (0.84, 0.95)  # the sigmas over which the gain rises
-
-
-def error_gain(sigma: float) -> float:
-    rise = min(max((float(sigma) - GAIN_BAND[0]) / (GAIN_BAND[1] - GAIN_BAND[0]), 0.0), 1.0)
-    return ERROR_GAIN["low"] + (ERROR_GAIN["high"] - ERROR_GAIN["low"]) * rise
 
 
 @dataclass(frozen=True)
@@ -63,7 +51,7 @@ class CachePlan:
     calibrator: str = "none"
     error_budget: float | None = None  # the budget the error target was calibrated for, if any
     criterion: str = "error"
-    error_target: float = 0.0125  # the error criterion's allowance: the run's final latent, relative L2
+    error_target: float = 0.0175  # the error criterion's allowance: the run's final latent, relative L2
 
     def settings(self, role: str) -> ExpertCacheSettings:
         return self.high if role == "high" else self.low
@@ -140,74 +128,128 @@ def sigma_gap(sigma: float, sigmas: tuple[float, ...]) -> float:
     return sigma - (max(below) if below else 0.0)
 
 
-class ErrorAllowance:
-    """One stage's share of the run's error target, spent by the steps it caches. A step at sigma `sigma` and
-    sigma gap `gap` whose first blocks' residual changed by `diff` since the last computed step is estimated to
-    change the final latent by error_gain(sigma) x diff x gap (relative L2). Cached steps in a row reuse the same
-    residual, so their changes add up; runs of them parted by computed steps add as independent errors, in
-    quadrature. (On the tuning bed a plain sum overstated the error of 10 to 22 cached steps two to three times,
-    a plain quadrature sum understated it up to 2.5 times; this one came within about a third.) A step is cached
-    while the estimate still fits the allowance, so the threshold on `diff` for a call is what is left of it over
-    gain x gap: small where the sampler takes a long stride or where much noise is left to decide, large where it
-    takes a short one, with the same meaning on every model, sampler, step count and shift."""
+# How much a step's error grows by the end of the run, as a share of the run's own prediction of its final latent:
+# the one factor of the estimate not measured in the run. Below the band an error is carried as a share of that
+# prediction (1: what a flow does with an error of the latent); at high noise, where a model settles what it makes,
+# it grows: to PROPAGATION["high"] above the band. A design choice made on the tuning bed (docs/quality.md: what
+# its single steps measure, and what its cached runs then measure against their estimates).
+PROPAGATION = {"low": 1.0, "high": 3.0}
+PROPAGATION_BAND = (0.85, 0.92)  # the sigmas over which it rises
 
-    def __init__(self, allowance: float):
+
+def propagation(sigma: float) -> float:
+    rise = min(max((float(sigma) - PROPAGATION_BAND[0]) / (PROPAGATION_BAND[1] - PROPAGATION_BAND[0]), 0.0), 1.0)
+    return PROPAGATION["low"] + (PROPAGATION["high"] - PROPAGATION["low"]) * rise
+
+COMPARE = 1e-12  # the threshold of a step that must be compared but not cached (cache-dit skips comparing at 0)
+
+
+class ErrorAllowance:
+    """One stage's share of the run's error target, spent by the steps it caches, estimated from what this run
+    measures:
+
+    - at each computed step the stage hears the cache's miss (`missed`, cache_miss.py): what the cache would have
+      given for the step (its last computed residual, or its calibrator's forecast) against what the blocks
+      computed, through the model's own output head and the run's CFG, as a share of the run's prediction of its
+      final latent (the step's denoised latent), in the LATENT's space. Over the first blocks' residual change at
+      that step (`diff`, what cache-dit compares), it is this model's miss per unit of change here, `rho`;
+    - a cached step whose first blocks' residual changed by `diff` then misses the model's output by rho x diff,
+      and the sampler moves the latent by its sigma gap on that output: its error is propagation(sigma) x gap x
+      rho x diff of the final latent;
+    - the computed step that ends a run of cached steps measures the miss the run grew to, and the run is
+      estimated again with it: the estimate is corrected as the stage goes;
+    - a cache's errors lag the same trajectory, so they add up, within a run of cached steps and between runs
+      (on the tuning bed, adding them in quadrature understated the error two to three times).
+
+    A step is cached while its estimate still fits the allowance, so the threshold on `diff` for a call is what is
+    left of it over propagation x gap x rho. Until a miss has been measured (the stage's first compared step)
+    nothing is cached."""
+
+    def __init__(self, allowance: float, max_run: int = -1, max_cached: int = -1):
         self.allowance = float(allowance)
-        self.closed = 0.0  # the squared estimates of the runs of cached steps that a computed step ended
-        self.run = 0.0  # the estimate of the run of cached steps in progress
-        self.cost = 0.0  # the call in progress: its estimate per unit of residual change (gain x gap)
+        # the plan's caps (-1: none), kept here: cache-dit compares no step they stop (backend.config)
+        self.max_run, self.max_cached = max_run, max_cached
+        self.in_run = 0.0  # the evaluations cached in the run in progress
+        self.cached_total = 0.0  # ... in the stage
+        self.closed = 0.0  # the estimates of the runs of cached steps that a computed step ended
+        self.run = 0.0  # the run of cached steps in progress: sum of share x gap x diff (rho apart)
+        self.run_rho = None  # the rho the run in progress is estimated with
+        self.rho = None  # the last measured miss per unit of residual change
+        self.misses = []  # every measured rho, in order (the report's)
+        self.gap = 0.0  # the call in progress: its sigma gap, with the propagation at its sigma
         self.cached = False  # whether the last call heard was cached
         self.smallest = None  # the smallest change one step heard was estimated to make, cached or not
 
     @property
     def spent(self) -> float:
-        return math.sqrt(self.closed + self.run ** 2)
+        return self.closed + self.run * (self.run_rho or 0.0)
 
     def at(self, sigma: float, sigmas: tuple[float, ...]) -> None:
         """The call about to run: an evaluation at `sigma` of a sampling over `sigmas`. A call before it that
         was not cached (computed, or in warm-up) ended the run of cached steps."""
-        if not self.cached:
-            self.closed, self.run = self.closed + self.run ** 2, 0.0
+        if not self.cached and self.in_run > 0:
+            self.closed += self.run * self.run_rho
+            self.run, self.run_rho, self.in_run = 0.0, None, 0.0
         self.cached = False
-        self.cost = error_gain(sigma) * sigma_gap(sigma, sigmas)
+        self.gap = propagation(sigma) * sigma_gap(sigma, sigmas)
 
     def threshold(self) -> float:
-        """The residual change below which the call in progress may be cached (0: none may)."""
-        left = self.allowance ** 2 - self.closed
-        if left <= 0 or self.cost <= 0:
-            return 0.0
-        return max(0.0, min(0.99, (math.sqrt(left) - self.run) / self.cost))  # cache-dit reads >= 1 as "always"
+        """The residual change below which the call in progress may be cached (COMPARE: compared, not cached)."""
+        if self.rho is None or self.gap <= 0 or 0 <= self.max_run <= self.in_run \
+                or 0 <= self.max_cached <= self.cached_total:
+            return COMPARE
+        left = self.allowance - self.closed
+        if left <= 0:
+            return COMPARE
+        return max(COMPARE, min(0.99, (left - self.run * (self.run_rho or self.rho)) /
+                                (self.gap * self.rho)))  # cache-dit: >= 1 always
 
     def seen(self, diff: float, cached: bool, share: float = 1.0) -> None:
         """A call's outcome: `share` of an evaluation (1/2 for one of the two prompts' calls of separate CFG)."""
-        if diff > 0:
-            step = self.cost * diff
+        if diff > 0 and self.rho is not None:
+            step = self.gap * self.rho * diff
             self.smallest = step if self.smallest is None else min(self.smallest, step)
         if cached:
             self.cached = True
-            self.run += share * self.cost * max(diff, 0.0)
+            if self.in_run == 0:
+                self.run_rho = self.rho
+            self.run += share * self.gap * max(diff, 0.0)
+            self.in_run += share
+            self.cached_total += share
+
+    def missed(self, miss: float, diff: float) -> None:
+        """A computed evaluation's miss, as a share of the latent's norm, and the first blocks' residual change
+        cache-dit compared for it."""
+        if not (diff > 0 and math.isfinite(miss)):
+            return
+        rho = miss / diff
+        self.misses.append(rho)
+        if self.in_run > 0 and not self.cached:  # the run this step ends grew to its miss: estimated again with it
+            self.run_rho = rho
+        self.rho = rho
 
     def estimate(self) -> dict:
         return {"error_target_share": round(self.allowance, 6), "estimated_error": round(self.spent, 6),
-                "smallest_step_estimate": None if self.smallest is None else round(self.smallest, 6)}
+                "smallest_step_estimate": None if self.smallest is None else round(self.smallest, 6),
+                "miss_per_change": [round(r, 5) for r in self.misses]}
 
 
-MODEL_SHARE = math.sqrt(0.5)  # the Cache-DiT MODEL node's stage: one expert's, the other carrying its own node
+MODEL_SHARE = 0.5  # the Cache-DiT MODEL node's stage: one expert's, the other carrying its own node
 
 
 def error_shares(stages: tuple[str, ...]) -> dict[str, float]:
-    """Each stage's share of the run's error target, as independent errors add (in quadrature): the experts
-    share it equally, a lead stage sharing the high-noise expert's part equally with its main stage; a run on
-    one expert gives it all."""
+    """Each stage's share of the run's error target, as a cache's errors add (they lag the same trajectory, so
+    they add up, as ErrorAllowance adds its runs): the experts share it equally, a lead stage sharing the
+    high-noise expert's part equally with its main stage; a run on one expert gives it all."""
     experts = {"high" if stage == "lead" else stage for stage in stages}
-    per_expert = 1.0 / len(experts)  # of the squared target
-    return {stage: math.sqrt(per_expert / (2 if "lead" in stages and stage in ("lead", "high") else 1))
-            for stage in stages}
+    per_expert = 1.0 / len(experts)
+    return {stage: per_expert / (2 if "lead" in stages and stage in ("lead", "high") else 1) for stage in stages}
 
 
-def stage_allowance(plan: CachePlan, share: float) -> ErrorAllowance:
-    """A stage's allowance: its share of the plan's error target."""
-    return ErrorAllowance(plan.error_target * share)
+def stage_allowance(plan: CachePlan, role: str, share: float) -> ErrorAllowance:
+    """A stage's allowance: its share of the plan's error target, with the plan's caps for the expert."""
+    return ErrorAllowance(plan.error_target * share, plan.max_continuous_cached_steps,
+                          plan.settings(role).max_cached_steps)
 
 
 # --- what one stage's cache did ---

@@ -27,6 +27,9 @@ first ranks one token more (the exchanges pad each shard to the longest and drop
 attention sees exactly the real tokens), and heads they do not divide are padded with empty heads (an empty
 query, key and value attend to nothing and are dropped).
 
+The error criterion's measurement of the cache's miss (cache_miss.py) rides in each call's transformer_options
+and is gathered as the hidden state and the output are, so every rank measures the whole call's miss.
+
 cache-dit, when the stage is cached, sees only this rank's shard (of the sequence, or of the prompts); it
 averages its residual statistic over the ranks itself (the mean difference and the mean magnitude, each
 averaged whenever torch.distributed has more than one rank). With equal shards the average of each rank's mean
@@ -47,6 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import cache_dit_backend
+from ..cache_miss import SLOT as MISS_SLOT
 from ..block_forwards import SwappedForwards
 from ..core import parallel as core
 from ..core.errors import Wan22InputError
@@ -200,6 +204,9 @@ class SequenceParallel:
         kwargs = {k: own(v) for k, v in kwargs.items()}
         args, kwargs = with_argument(executor, args, kwargs, "transformer_options", options)
         out = executor(*args, **kwargs) if mesh.sequence == 1 else self.sequence_call(mesh, executor, args, kwargs)
+        miss = options.get(MISS_SLOT)
+        if miss is not None and miss.get("output") is not None:  # the error criterion's, gathered as the output
+            miss["output"] = self.gather(miss["output"], dim=0, group=mesh.prompt_group)
         return self.gather(out, dim=0, group=mesh.prompt_group)
 
     def sequence_call(self, mesh: Mesh, executor, args, kwargs):
@@ -253,7 +260,12 @@ class SequenceParallel:
                 if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[1] == self.tokens > 1:
                     kwargs[name] = value[:, self.part]
             out = inner(x, *args, **kwargs)
-            return self.gather(out, 1, m.sequence_group, self.sizes) if last else out
+            if not last:
+                return out
+            miss = (kwargs.get("transformer_options") or {}).get(MISS_SLOT)
+            if miss is not None and miss.get("delta") is not None:  # the error criterion's, gathered as the output
+                miss["delta"] = self.gather(miss["delta"], 1, m.sequence_group, self.sizes)
+            return self.gather(out, 1, m.sequence_group, self.sizes)
         return forward
 
     # --- self-attention across the ranks ---

@@ -1,8 +1,6 @@
 """The error criterion's arithmetic, without ComfyUI: each step's estimate from the run's own statistics, the
 stages' shares of the run's target, and what a call may cache."""
 
-import math
-
 import pytest
 
 from wan22_cachedit.nodes import cache_dit_backend as backend
@@ -19,74 +17,126 @@ def test_a_steps_sigma_gap_is_the_stride_to_the_next_sigma_also_between_sigmas_a
     assert C.sigma_gap(0.4, SIGMAS[:4]) == pytest.approx(0.4)  # a stage's slice ending above 0: past it, to 0
 
 
-def test_the_gain_rises_from_low_to_high_noise_over_its_band_only():
-    low, high = C.error_gain(0.0), C.error_gain(1.0)
-    assert low == C.error_gain(C.GAIN_BAND[0]) == C.ERROR_GAIN["low"]
-    assert high == C.error_gain(C.GAIN_BAND[1]) == C.ERROR_GAIN["high"] > low
-    band = [C.error_gain(C.GAIN_BAND[0] + i * (C.GAIN_BAND[1] - C.GAIN_BAND[0]) / 10) for i in range(11)]
-    assert band == sorted(band)
-
-
-def allowance(target, sigma=0.5, sigmas=(0.5, 0.4)):
-    a = C.ErrorAllowance(target)
+def measured(target=1.0, rho=0.2, sigma=0.5, sigmas=(0.5, 0.4), **caps):
+    """An allowance that has heard one computed step's miss: rho x the step's residual change."""
+    a = C.ErrorAllowance(target, **caps)
     a.at(sigma, sigmas)
+    a.seen(0.05, cached=False)
+    a.missed(rho * 0.05, 0.05)
     return a
 
 
-def test_a_target_of_zero_caches_nothing_and_a_threshold_never_reads_as_always():
-    assert allowance(0.0).threshold() == 0.0
-    assert allowance(100.0).threshold() == 0.99  # cache-dit reads 1.0 or more as "cache whatever changed"
+def step(a, diff, cached, sigma=0.5, sigmas=(0.5, 0.4), share=1.0):
+    a.at(sigma, sigmas)
+    a.seen(diff, cached=cached, share=share)
 
 
-def test_a_call_may_cache_while_its_estimate_fits_what_is_left():
-    a = allowance(0.01)  # gain 2 at sigma 0.5, gap 0.1: an estimate of 0.2 x the residual change
-    assert a.threshold() == pytest.approx(0.01 / (C.error_gain(0.5) * 0.1))
-    a.seen(0.03, cached=True)
-    assert a.spent == pytest.approx(0.2 * 0.03)
-    assert a.threshold() == pytest.approx((0.01 - 0.006) / 0.2)  # the run in progress adds up
-
-
-def test_cached_steps_in_a_row_add_up_and_runs_parted_by_a_computed_step_add_in_quadrature():
+def test_nothing_is_cached_until_a_miss_is_measured_in_this_run():
     a = C.ErrorAllowance(1.0)
+    a.at(0.5, (0.5, 0.4))
+    assert a.threshold() == C.COMPARE  # compared (so the step's change is heard), never cached
+    a.seen(0.05, cached=False)
+    a.missed(0.01, 0.05)
+    a.at(0.4, (0.5, 0.4))
+    assert a.threshold() > C.COMPARE
+
+
+def test_a_target_of_zero_caches_nothing_and_a_threshold_never_reads_as_always():
+    assert measured(0.0).threshold() == C.COMPARE
+    assert measured(100.0).threshold() == 0.99  # cache-dit reads 1.0 or more as "cache whatever changed"
+
+
+def test_the_miss_per_change_is_measured_and_a_call_may_cache_while_its_estimate_fits_what_is_left():
+    a = measured(0.01, rho=0.2)  # a miss of 0.2 x the change, a gap of 0.1: an estimate of 0.02 x the change
+    a.at(0.5, (0.5, 0.4))
+    assert a.threshold() == pytest.approx(0.01 / (0.2 * 0.1))
+    a.seen(0.3, cached=True)
+    assert a.spent == pytest.approx(0.02 * 0.3)
+    a.at(0.5, (0.5, 0.4))
+    assert a.threshold() == pytest.approx((0.01 - 0.006) / 0.02)  # the run in progress adds up
+    assert a.estimate()["miss_per_change"] == [0.2]
+
+
+def test_the_step_that_ends_a_run_of_cached_steps_estimates_the_run_again_with_its_miss():
+    a = measured(0.02, rho=0.2)
+    step(a, 0.1, cached=True)
+    step(a, 0.2, cached=True)
+    assert a.spent == pytest.approx(0.2 * 0.1 * 0.3)
+    step(a, 0.25, cached=False)  # computed: its miss says the run missed by 0.4 x the change, not 0.2
+    a.missed(0.4 * 0.25, 0.25)
+    assert a.spent == pytest.approx(0.4 * 0.1 * 0.3)
+    a.at(0.5, (0.5, 0.4))
+    assert a.threshold() == pytest.approx((0.02 - 0.012) / (0.4 * 0.1))
+
+
+def test_cached_steps_add_up_in_a_row_and_across_computed_steps():
+    a = measured(1.0, rho=0.2)
     for cached in (True, True, False, True):
-        a.at(0.5, (0.5, 0.4))
-        a.seen(0.05, cached=cached)
-    # two in a row: 0.01 + 0.01; then a computed step; then one: 0.01
-    assert a.spent == pytest.approx(math.sqrt(0.02 ** 2 + 0.01 ** 2))
-    computed_unheard = C.ErrorAllowance(1.0)  # a computed step cache-dit never compared (warm-up) parts them too
+        step(a, 0.5, cached)
+    # two in a row: 0.01 + 0.01; then a computed step (no miss heard: the run keeps its estimate); then one: 0.01
+    assert a.spent == pytest.approx(0.03)
+    computed_unheard = measured(1.0, rho=0.2)  # a computed step cache-dit never compared (warm-up) parts them too
     for heard in (True, None, True):
         computed_unheard.at(0.5, (0.5, 0.4))
         if heard:
-            computed_unheard.seen(0.05, cached=True)
-    assert computed_unheard.spent == pytest.approx(math.sqrt(2) * 0.01)
+            computed_unheard.seen(0.5, cached=True)
+    assert computed_unheard.spent == pytest.approx(0.02)
+    assert computed_unheard.closed == pytest.approx(0.01)  # the first run, closed by the unheard step
+
+
+def test_an_error_at_high_noise_is_carried_further_than_one_at_low_noise():
+    low, high = C.propagation(C.PROPAGATION_BAND[0]), C.propagation(C.PROPAGATION_BAND[1])
+    assert low == C.propagation(0.0) == C.PROPAGATION["low"] < high == C.propagation(1.0) == C.PROPAGATION["high"]
+    band = [C.propagation(C.PROPAGATION_BAND[0] + i * (C.PROPAGATION_BAND[1] - C.PROPAGATION_BAND[0]) / 10)
+            for i in range(11)]
+    assert band == sorted(band)
+    a = measured(0.001, rho=0.2, sigma=0.99, sigmas=(0.99, 0.98))
+    a.at(0.99, (0.99, 0.98))
+    assert a.threshold() == pytest.approx(0.001 / (C.PROPAGATION["high"] * 0.01 * 0.2))
 
 
 def test_a_separate_cfg_call_is_half_an_evaluation():
-    a = C.ErrorAllowance(1.0)
-    a.at(0.5, (0.5, 0.4))
-    a.seen(0.05, cached=True, share=0.5)
-    a.at(0.5, (0.5, 0.4))
-    a.seen(0.05, cached=True, share=0.5)
+    a = measured(1.0, rho=0.2)
+    step(a, 0.5, True, share=0.5)
+    step(a, 0.5, True, share=0.5)
     assert a.spent == pytest.approx(0.01)
 
 
+@pytest.mark.parametrize("caps, pattern", [({"max_run": 2}, "CCxCCx"), ({"max_cached": 3}, "CCCxxx"),
+                                          ({}, "CCCCCC")])
+def test_the_plans_caps_stop_caching_yet_the_step_is_compared(caps, pattern):
+    a = measured(1.0, rho=0.2, **caps)
+    taken = ""
+    for _ in range(6):
+        a.at(0.5, (0.5, 0.4))
+        allowed = a.threshold() > C.COMPARE
+        taken += "C" if allowed else "x"
+        a.seen(0.01, cached=allowed)
+    assert taken == pattern
+
+
 def test_the_smallest_step_heard_is_kept_cached_or_not():
-    a = C.ErrorAllowance(0.001)
-    a.at(0.5, (0.5, 0.4))
-    a.seen(0.05, cached=False)
-    a.at(0.4, (0.5, 0.4))
-    a.seen(0.01, cached=False)
-    assert a.estimate()["smallest_step_estimate"] == pytest.approx(C.error_gain(0.4) * 0.4 * 0.01)
+    a = measured(0.001, rho=0.2)
+    step(a, 0.05, cached=False)
+    step(a, 0.01, cached=False, sigma=0.4)
+    assert a.estimate()["smallest_step_estimate"] == pytest.approx(0.2 * 0.4 * 0.01)
     assert a.estimate()["estimated_error"] == 0
 
 
+def test_a_miss_without_a_compared_change_teaches_nothing():
+    a = C.ErrorAllowance(1.0)
+    a.missed(0.01, 0.0)
+    a.missed(float("nan"), 0.05)
+    assert a.rho is None and a.estimate()["miss_per_change"] == []
+
+
 @pytest.mark.parametrize("stages", [("high", "low"), ("lead", "high", "low"), ("low",), ("high",)])
-def test_the_stages_shares_add_up_to_the_run_as_independent_errors_do(stages):
+def test_the_stages_shares_add_up_to_the_run(stages):
     shares = C.error_shares(stages)
     assert set(shares) == set(stages)
-    assert sum(s * s for s in shares.values()) == pytest.approx(1.0)
+    assert sum(shares.values()) == pytest.approx(1.0)
     if "lead" in stages:
-        assert shares["lead"] == shares["high"] and shares["low"] == pytest.approx(math.sqrt(0.5))
+        assert shares["lead"] == shares["high"] and shares["low"] == pytest.approx(0.5)
 
 
 def test_the_model_nodes_share_is_one_of_two_experts():

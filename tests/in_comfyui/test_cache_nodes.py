@@ -89,8 +89,8 @@ def test_a_context_sized_with_the_counted_evaluations_gives_the_same_run_bit_for
             if sized:
                 counted = {role: runs[0][1][role]["evaluations"] for role in ("high", "low")}
 
-                def sized_config(plan, role, separate_cfg):
-                    config = unset_config(plan, role, separate_cfg)
+                def sized_config(plan, role, separate_cfg, installed=False):
+                    config = unset_config(plan, role, separate_cfg, installed)
                     config.num_inference_steps = counted[role]
                     applied.append(sampler)
                     return config

@@ -82,3 +82,25 @@ def test_the_cached_cfg_split_caches_the_steps_one_process_caches(comfyui, tiny_
             assert all(abs(ranked[k] - v) <= 1e-4 for k, v in one["residual_diffs"].items()), (rank, stage)
     assert report["parallel"]["ranks_agree"]
     assert near_one_process(latent, alone_latent)
+
+
+@pytest.mark.slow
+def test_the_error_criterion_on_workers_measures_the_miss_and_caches_as_one_process(comfyui, tiny_models,
+                                                                                     parallel_experts):
+    """The error criterion's miss rides in each call's transformer_options and is gathered as the output is: on
+    the CFG split (high, CFG 3.5: each worker one prompt) and the sequence split (low, CFG 1: each worker half the
+    tokens) every rank measures the whole call's miss, so the workers cache the steps one process caches, with
+    the same estimate."""
+    error = {"criterion": "error", "error_target": 0.6, "high_warmup_steps": 1, "low_warmup_steps": 1}
+    prompt = two_heads(parallel_experts, tiny_models, sampler="euler", steps=16, cfg=(3.5, 1.0), cache=error)
+    (alone, alone_latent), (report, latent) = alone_and_split(comfyui, prompt, split="auto")
+    assert report["parallel"]["stage_splits"] == {"high": "cfg", "low": "ulysses"}
+    for stage in ("high", "low"):
+        one, split = alone["cache"][stage], report["cache"][stage]
+        assert one["criterion"] == "error" and one["cached_steps"], "the test's target should cache some steps"
+        assert split["cached_steps"] == one["cached_steps"]
+        assert len(split["miss_per_change"]) == len(one["miss_per_change"]) > 0
+        assert all(abs(a - b) <= 1e-3 * b for a, b in zip(split["miss_per_change"], one["miss_per_change"]))
+        assert abs(split["estimated_error"] - one["estimated_error"]) <= 1e-3 * one["estimated_error"]
+    assert report["parallel"]["ranks_agree"]
+    assert near_one_process(latent, alone_latent)

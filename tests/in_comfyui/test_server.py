@@ -147,14 +147,17 @@ def test_the_live_split_route_explains_what_is_wrong(tiny_models_server, tiny_mo
 
 
 def test_the_canvas_learns_the_old_sampler_names_from_the_server(tiny_models_server):
+    from wan22_cachedit.nodes.core.cache import CachePlan
+
+    TARGET = CachePlan().error_target  # noqa: N806 (the node's default: unused by the threshold they keep)
     assert tiny_models_server.get("/wan22/canvas") == {"old_samplers": {"unipc": "uni_pc", "dpmpp": "dpmpp_2m"},
                                                        "split_nodes": ["Wan22Schedule", "Wan22LeadStage"],
                                                        "server_note": None,  # no WAN22_SERVER_NOTE here
                                                        "added_inputs": {
         "Wan22ParallelPlan": {"saved_length": 4, "values": ["ulysses"]},
         # Saved before the calibrator, the criterion and the error target: the threshold criterion they ran with.
-        "Wan22CacheDiT": {"saved_length": 9, "values": ["none", "threshold", 0.0125]},
-        "Wan22CacheDiTModel": {"saved_length": 7, "values": ["none", "threshold", 0.0125]},
+        "Wan22CacheDiT": {"saved_length": 9, "values": ["none", "threshold", TARGET]},
+        "Wan22CacheDiTModel": {"saved_length": 7, "values": ["none", "threshold", TARGET]},
         # Saved before calibration_size (seed, its control, cfg_high, cfg_low, error_budget): calibrated at full
         # size with the plan's calibrator alone, as they were; saved before calibrators: that calibrator alone.
         "Wan22CacheBudget": {"saved_length": 5, "values": [1.0, "the plan's"]}}}
