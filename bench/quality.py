@@ -86,6 +86,7 @@ SPECTRUM = {"defaults": {}, "window 1.5": {"window_size": 1.5}, "window 3": {"wi
             "bias_shift": {"transition_mode": "bias_shift"}}
 BUDGETS = [0.03, 0.05]
 REFUSED_BUDGET = 0.0005  # below any cached step's change on the beds: must be refused naming error_budget
+QUICK_REFUSED_BUDGET = 1e-6  # ... on the quick bed, whose barely trained experts cache a step for less
 MAX_BUDGET_WORK = 3.0  # full-size uncached runs a budget's calibration may cost
 DEFAULTS_BOUND = {"rel_l2": 0.03, "block_cost": 0.85}
 CHOICE_MARGIN = 2 / 3  # the default target is chosen to keep the tuning bed at 2/3 of the error bound
@@ -218,7 +219,8 @@ def measure_steps(runs, counter, methods, steps: int, quick: bool, log) -> dict:
 
 def measure_budgets(runs, counter, run: dict, quick: bool, log) -> list:
     """Each budget calibrated once on CALIBRATION (the node's default calibration_size; a bed trained at several
-    sizes calibrates at its smallest), then run on every case by the pack's sampler; and REFUSED_BUDGET."""
+    sizes calibrates at its smallest), then run on every case by the pack's sampler; and a budget below any
+    cached step (REFUSED_BUDGET, on the quick bed QUICK_REFUSED_BUDGET)."""
     budget_nodes = runs.comfy.pack("nodes.budget_nodes")
     errors = runs.comfy.pack("nodes.core.errors")
     plan = runs.comfy.pack("nodes.core.cache").CachePlan()
@@ -229,7 +231,8 @@ def measure_budgets(runs, counter, run: dict, quick: bool, log) -> list:
     defaults = {i.id: getattr(i, "default", None) for i in budget_nodes.Wan22CacheBudget.define_schema().inputs}
     size = (sizes[0][1] / sizes[-1][1]) if len(sizes) > 1 else defaults["calibration_size"]
     rows = []
-    for budget in [REFUSED_BUDGET, *(BUDGETS[:1] if quick else BUDGETS)]:
+    below = QUICK_REFUSED_BUDGET if quick else REFUSED_BUDGET
+    for budget in [below, *(BUDGETS[:1] if quick else BUDGETS)]:
         started = time.perf_counter()
         try:
             experts, calibration = budget_nodes.calibrate(runs.experts.replace(cache_plan=plan), handle, positive,
@@ -362,14 +365,14 @@ def checks(bed: dict) -> list[dict]:
                         "holds": best is not None})
         out += band_checks(name, steps, r["points"])
         budgets = [p for p in r["points"] if p["method"] == "budget"]
-        refused = [p for p in budgets if p["threshold"] == REFUSED_BUDGET]
-        if refused:
-            p = refused[0]
-            out.append({"check": f"{name}, {steps} steps: budget {REFUSED_BUDGET:g} (below any cached step) refused "
+        below = [p for p in budgets if p["threshold"] in (REFUSED_BUDGET, QUICK_REFUSED_BUDGET)]
+        if below:
+            p = below[0]
+            out.append({"check": f"{name}, {steps} steps: budget {p['threshold']:g} (below any cached step) refused "
                                  "naming error_budget", "value": p.get("refused", "not refused")[:100],
                         "holds": p.get("refused_input") == "error_budget"})
-        met = [p for p in budgets if p["threshold"] != REFUSED_BUDGET and "refused" not in p]
-        for p in (p for p in budgets if p["threshold"] != REFUSED_BUDGET):
+        met = [p for p in budgets if p not in below and "refused" not in p]
+        for p in (p for p in budgets if p not in below):
             if "refused" in p:
                 out.append({"check": f"{name}, {steps} steps: budget {p['threshold']:g} met",
                             "value": p["refused"][:100], "holds": False})
