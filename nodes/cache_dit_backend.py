@@ -156,10 +156,6 @@ def _wrap_manager(diffusion_model, name: str, wrap):
     return undo
 
 
-def _wrap_similarity(diffusion_model, wrap):
-    return _wrap_manager(diffusion_model, "similarity", wrap)
-
-
 def weigh_statistic(diffusion_model, weight: float):
     """Until the returned function is called, the model's cache weighs this worker's residual statistic by
     `weight` (core.parallel.statistic_weight): cache-dit averages each worker's mean difference and mean
@@ -170,7 +166,7 @@ def weigh_statistic(diffusion_model, weight: float):
         def similarity(t1, t2, **kwargs):
             return original(t1 * weight, t2 * weight, **kwargs)
         return similarity
-    return _wrap_similarity(diffusion_model, wrap)
+    return _wrap_manager(diffusion_model, "similarity", wrap)
 
 
 def decide_by(diffusion_model, choose, seen):
@@ -193,7 +189,7 @@ def decide_by(diffusion_model, choose, seen):
                 seen(float(diff or 0.0), bool(cached))
             return cached
         return similarity
-    return _wrap_similarity(diffusion_model, wrap)
+    return _wrap_manager(diffusion_model, "similarity", wrap)
 
 
 def watch_forecasts(diffusion_model, heard):

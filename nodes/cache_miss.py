@@ -29,6 +29,7 @@ class MissWatch:
     def __init__(self, diffusion_model, backend, cfg: float, latent_format, heard):
         self.diffusion_model, self.backend, self.cfg, self.heard = diffusion_model, backend, float(cfg), heard
         self.latent_format = latent_format
+        self.scale = None  # the latent format's per channel (process_out's linear part), read at the first measure
         self.undo, self.hook = None, None
         self.slot = None  # the current call's
         self.begin()
@@ -69,11 +70,13 @@ class MissWatch:
         # the denoised latent; the model's input may carry conditioning channels after the latent's (an image-to-video
         # model's concat), which its output has not
         final = self.latent_format.process_out(self.x[:, :output.shape[1]].float() - self.sigma * output)
-        scale = self.latent_format.process_out(torch.ones_like(final[:, :, :1, :1, :1])) - \
-            self.latent_format.process_out(torch.zeros_like(final[:, :, :1, :1, :1]))  # per channel
-        channels = scale.shape[1]
+        if self.scale is None:
+            one = final[:1, :, :1, :1, :1]
+            self.scale = (self.latent_format.process_out(torch.ones_like(one)) -
+                          self.latent_format.process_out(torch.zeros_like(one))).reshape(-1)
+        channels = self.scale.shape[0]
         if miss.shape[-1] % channels == 0:  # the head's output: the channel is its fastest axis (Wan's unpatchify)
-            miss = miss.reshape(*miss.shape[:-1], -1, channels) * scale.reshape(channels)
+            miss = miss.reshape(*miss.shape[:-1], -1, channels) * self.scale
         norm = float(final.norm())
         if norm > 0:
             self.heard(float(miss.norm()) / norm, sum(self.diffs) / len(self.diffs))

@@ -263,7 +263,8 @@ class SequenceParallel:
             if not last:
                 return out
             miss = (kwargs.get("transformer_options") or {}).get(MISS_SLOT)
-            if miss is not None and miss.get("delta") is not None:  # the error criterion's, gathered as the output
+            # the error criterion's forecast difference, gathered as the hidden state is
+            if miss is not None and miss.get("delta") is not None:
                 miss["delta"] = self.gather(miss["delta"], 1, m.sequence_group, self.sizes)
             return self.gather(out, 1, m.sequence_group, self.sizes)
         return forward
