@@ -24,7 +24,7 @@ demo: setup
 	$(PY) -m devtools.demo
 
 # Benchmarks and the endurance run: not part of `make test`. Results under bench/results/. `make quality` builds
-# the trained test beds once per machine (devtools/testbed.py, cached outside the clone) and measures on them
+# the trained test beds once per machine (devtools/testbed/, cached outside the clone) and measures on them
 # (bench.quality: the caches against the peers; bench.family: VACE-Fun's control under the cache).
 BENCHES := bench.quality bench.family bench.run bench.endurance bench.few_steps bench.compile bench.parallel
 

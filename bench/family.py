@@ -1,7 +1,7 @@
 """The Wan2.2 family on its trained beds: VACE-Fun's control under the cache (the two ways to treat its hints), and
 TI2V-5B's error at the defaults.
 
-On the VACE bed (devtools/testbed.py, FAMILY["vace"]: a trained VACE-Fun pair that puts the object where its
+On the VACE bed (devtools/testbed/, FAMILY["vace"]: a trained VACE-Fun pair that puts the object where its
 control, the object's track, puts it), the official template's graph of ComfyUI's own nodes with WanVaceToVideo's
 conditioning (bed_runs.vace_conditioning): per expert MODEL -> [Wan2.2 Cache-DiT (MODEL)] -> ModelSamplingSD3 ->
 KSamplerAdvanced, at 20 steps (uni_pc, shift 8) and 40 (euler, shift 5), CFG 4 / 3, for each of CASES (a seed, a
@@ -55,7 +55,7 @@ TARGETS = (0.005, 0.0125, 0.025, 0.05, 0.1)  # error targets swept with each des
 DESIGNS = ("fresh", "cached")
 CHOSEN = "fresh"  # the pack's (StageCache.vace_hints)
 A14B_SHARES = (40 / 48, 8 / 48)  # VACE-Fun A14B's main and VACE blocks, as shares of all its blocks
-KINDS = ("vace", "ti2v")  # the family's beds (devtools/testbed.py FAMILY)
+KINDS = ("vace", "ti2v")  # the family's beds (devtools/testbed/ FAMILY)
 KEEP = 0.9  # the share of native's control fidelity the pack's design keeps at the defaults
 
 

@@ -40,7 +40,7 @@ TARGET = {"CFG 3.5": 1.7, "CFG 1": 1.5}  # the speed-ups the plan is to reach wi
 # The cache-on rows' threshold: random weights do not denoise, and at the default (0.05) their residuals change
 # too much between steps for any step to be cached, so those rows would time the hooks only. This one lets the
 # cache skip steps (the rows then time its savings under the split and one process alike); it says nothing of
-# quality (bench/quality.py does, on the trained test bed).
+# quality (bench/quality/ does, on the trained test bed).
 CACHE_THRESHOLD = 0.9
 
 

@@ -16,7 +16,7 @@ criterion) or at the threshold 0.05, their residuals change too much between ste
 so the cached rows would time the hooks only. They run with the threshold criterion at 0.24 instead
 (bench.common.random_weights_plan, with the saved workflows' warm-ups 4 / 2), where these experts cache every
 step the plan's caps allow (measured, see CACHE_THRESHOLD). That threshold says nothing of quality, nor do the error
-columns: they say how far caching moves this run, not how a real video looks (bench/quality.py measures
+columns: they say how far caching moves this run, not how a real video looks (bench/quality/ measures
 quality, on the trained test beds). Each target says what it can show here:
 
 - the pack's own seconds per run (cache off) over native's <= 0.02: the pack's sampler costs no more than
@@ -53,7 +53,6 @@ import torch
 
 from bench.common import (QUICK_NOTE, Runs, Timer, add_output_arguments, at_least, cache_columns, interleaved,
                           random_weights_plan, round_speedups)
-from bench.common import RESULTS  # noqa: F401 (bench/quality.py imports it from here)
 
 # The real experts' depth (40 blocks), so that the blocks, which the cache skips, take the share of a forward
 # they take in the real experts and the embeddings and head around them stay a small part; a narrow width
@@ -245,7 +244,7 @@ def chart(results: dict, path: str) -> None:
 
 
 HEADING_NOTE = (f"The cached rows run at threshold {CACHE_THRESHOLD}, where these random experts cache (at the node's "
-                "default they cache nothing); it says nothing of quality, nor do the error columns (bench/quality.py "
+                "default they cache nothing); it says nothing of quality, nor do the error columns (bench/quality/ "
                 "measures quality on the trained test bed). ")
 
 

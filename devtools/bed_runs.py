@@ -1,4 +1,4 @@
-"""Runs on the trained test bed (devtools/testbed.py): its two experts loaded by ComfyUI's own loader into a
+"""Runs on the trained test bed (devtools/testbed/): its two experts loaded by ComfyUI's own loader into a
 ComfyUI in this process, sampled through the official template's graph of ComfyUI's own nodes (per expert
 MODEL -> [cache node] -> ModelSamplingSD3 -> KSamplerAdvanced: high from step 0 to the switch with its leftover
 noise, low from the switch to the end), or through the pack's sampler, with a class's prompt and the negative

@@ -1,18 +1,17 @@
 """The third-party packs that Wan2.2 users run beside ours (ComfyUI-GGUF, KJNodes), for interop tests, and the
 peers the quality benchmark compares against (ComfyUI-Spectrum-WAN-Proper, bench/peers.py).
 
-They are not dependencies of the pack and are not in the repository: the tests take unmodified copies from
-a folder beside the checkout (`../shared/third_party`, or the folder `WAN22_THIRD_PARTY` names), link them
-into the test ComfyUI's custom_nodes and load them as ComfyUI loads any custom node. Where a copy is not
-there, the tests that need it are skipped and say why."""
+They are not dependencies of the pack and are never committed, here or anywhere: the tests take unmodified
+copies from the folder `WAN22_THIRD_PARTY` names (outside the clone; docs/testing.md says how to fetch them),
+link them into the test ComfyUI's custom_nodes and load them as ComfyUI loads any custom node. Where the
+variable is not set or a copy is not there, the tests that need it are skipped and say why (so in CI)."""
 
 from __future__ import annotations
 
 import os
 
-from .paths import ROOT
 
-FOLDER = os.environ.get("WAN22_THIRD_PARTY") or os.path.join(os.path.dirname(ROOT), "shared", "third_party")
+FOLDER = os.environ.get("WAN22_THIRD_PARTY", "")
 PACKS = {"gguf": ("ComfyUI-GGUF", "UnetLoaderGGUF"), "kjnodes": ("ComfyUI-KJNodes", "PathchSageAttentionKJ"),
          "spectrum": ("ComfyUI-Spectrum-WAN-Proper", "SpectrumApplyWAN")}
 
@@ -20,6 +19,8 @@ PACKS = {"gguf": ("ComfyUI-GGUF", "UnetLoaderGGUF"), "kjnodes": ("ComfyUI-KJNode
 def missing(pack: str) -> str | None:
     """Why `pack` cannot be loaded here (None when it can)."""
     folder, _ = PACKS[pack]
+    if not FOLDER:
+        return f"WAN22_THIRD_PARTY is not set: it names a folder holding an unmodified {folder} (docs/testing.md)"
     path = os.path.join(FOLDER, folder)
     if not os.path.isfile(os.path.join(path, "__init__.py")):
         return f"{folder} is not at {path} (set WAN22_THIRD_PARTY to a folder holding an unmodified copy)"

@@ -280,3 +280,17 @@ def test_the_parallel_package_is_one_room_that_the_engine_never_enters():
                     and not m.startswith(f"{dots}parallel_nodes")]
             assert into == [], f"{os.path.relpath(os.path.join(d, f), ROOT)} imports {into}"
     assert "..engine" in imports_of(os.path.join(nodes_dir, "parallel", "worker.py"))  # a worker runs the engine
+
+
+# The third-party packs' folder names and file names no file of ours has (devtools/third_party.py).
+THIRD_PARTY_NAMES = {"ComfyUI-GGUF", "dequant.py", "dequant_triton.py", "UnetLoaderGGUF.md", "ComfyUI-KJNodes",
+                     "model_optimization_nodes.py", "ComfyUI-Spectrum-WAN-Proper", "comfyui_spectrum_wan"}
+
+
+def test_no_tracked_path_carries_a_third_party_packs_files():
+    """ComfyUI-GGUF, KJNodes and Spectrum-WAN are fetched into a folder outside the clone (WAN22_THIRD_PARTY),
+    never committed: no part of a tracked path is one of their folder or file names."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    paths = [p for p in tracked.stdout.split("\0") if p]
+    assert len(paths) > 100
+    assert [p for p in paths if THIRD_PARTY_NAMES & set(p.split("/"))] == []

@@ -40,13 +40,13 @@ MAX_BUDGET = 1.0
 MIN_SIZE = 0.1  # the smallest calibration_size: a tenth of the width and height
 # Aim every calibration run at this share of the budget, the full-size confirmation too: the full run measured
 # 0.6 to 1.5 times the small runs' error on the beds, and the seeds the budget then runs on measured up to 1.5
-# times the calibration seed's on the tuning bed (bench/quality.py); a full run within the budget but over the
+# times the calibration seed's on the tuning bed (bench/quality/); a full run within the budget but over the
 # aim left the tuning bed's cases over the budget at 20 steps.
 MARGIN = 0.8
 SMALL_TRIALS = 3
 MAX_WORK = 3.0  # the calibration's work, in full-size uncached runs, that another calibrator's trial may not pass
 # TaylorSeer's error over the plain criterion's at the same target: on the tuning bed, the median of the ratio
-# over its swept targets (0.015 to 0.05) at 20 and 40 steps (bench/quality.py `choose`).
+# over its swept targets (0.015 to 0.05) at 20 and 40 steps (bench/quality/judge.py `choose`).
 TAYLORSEER_ERROR = 0.7
 FORECAST = "taylorseer"  # the calibrator a plain run over the aim switches to (forecast_instead)
 

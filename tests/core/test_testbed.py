@@ -1,9 +1,11 @@
-"""The trained test beds' builder (devtools/testbed.py), on a quick small version: deterministic for a config,
-keyed by its script, its training-only attention shortcut exact, and its template fit a real measure on every
-bed's data world (textures, pans and sizes included)."""
+"""The trained test beds' builder (devtools/testbed/), on a quick small version: deterministic for a config,
+keyed by what decides the weights, its training-only attention shortcut exact, and its template fit a real
+measure on every bed's data world (textures, pans and sizes included)."""
 
 import dataclasses
+import importlib
 import json
+import os
 import shutil
 
 import pytest
@@ -29,24 +31,53 @@ def test_another_seed_trains_other_weights(quick_experts):
     assert log["steps"] == testbed.QUICK.max_steps and log["history"][0]["step"] == 0
 
 
-def test_the_cache_key_is_the_scripts_content(tmp_path):
-    copy = tmp_path / "testbed.py"
-    shutil.copy(testbed.SCRIPT, copy)
-    assert testbed.script_key(str(copy)) == testbed.script_key()
-    copy.write_text(copy.read_text(encoding="utf-8") + "\n# changed\n", encoding="utf-8")
-    assert testbed.script_key(str(copy)) != testbed.script_key()
+def test_the_cache_key_is_the_content_of_what_decides_the_weights_and_nothing_else(tmp_path):
+    """A change in world.py or train.py trains every bed anew; the roles, the evaluation, the cache's own code do not
+    (moving them between modules keeps the beds)."""
+    copies = []
+    for source in testbed.WEIGHT_SOURCES:
+        copies.append(tmp_path / os.path.basename(source))
+        shutil.copy(source, copies[-1])
+    assert testbed.weights_key(tuple(map(str, copies))) == testbed.weights_key()
+    assert {os.path.basename(p) for p in testbed.WEIGHT_SOURCES} == {"world.py", "train.py"}
+    for copy in copies:
+        text = copy.read_text(encoding="utf-8")
+        copy.write_text(text + "\n# changed\n", encoding="utf-8")
+        assert testbed.weights_key(tuple(map(str, copies))) != testbed.weights_key(), copy.name
+        copy.write_text(text, encoding="utf-8")
+
+
+def test_a_cached_bed_of_another_config_is_not_taken_and_its_role_is_todays(monkeypatch, tmp_path):
+    monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path))
+    folder = testbed.bed_folder("tuning")
+    os.makedirs(folder)
+    log = {"name": "tuning", "role": "held-out", "config": dataclasses.asdict(testbed.BEDS["tuning"])}
+    with open(os.path.join(folder, "bed.json"), "w", encoding="utf-8") as f:
+        json.dump(log, f)
+    assert testbed.build("tuning").role == testbed.ROLES["tuning"] == "tuning"
+    log["config"]["seed"] = 99
+    with open(os.path.join(folder, "bed.json"), "w", encoding="utf-8") as f:
+        json.dump(log, f)
+    trained = []
+    builder = importlib.import_module("devtools.testbed.build")
+    monkeypatch.setattr(builder, "train_both", lambda config, folder: trained.append(config) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        testbed.build("tuning")
+    assert trained == [testbed.BEDS["tuning"]]
 
 
 def test_the_cache_lives_outside_the_clone_one_folder_per_bed(monkeypatch, tmp_path):
     monkeypatch.delenv("WAN22_TESTBED_CACHE", raising=False)
     assert not testbed.bed_folder().startswith(testbed.ROOT)
     monkeypatch.setenv("WAN22_TESTBED_CACHE", str(tmp_path))
-    assert testbed.bed_folder() == str(tmp_path / testbed.script_key() / testbed.TUNING)
+    assert testbed.bed_folder() == str(tmp_path / testbed.weights_key() / testbed.TUNING)
     assert len({testbed.bed_folder(name) for name in testbed.BEDS}) == len(testbed.BEDS)
 
 
-def test_one_tuning_bed_and_held_out_beds_that_differ_where_models_differ():
-    assert [name for name, role in testbed.ROLES.items() if role == "tuning"] == [testbed.TUNING]
+def test_the_tuning_bed_chooses_and_every_bed_says_whether_it_has_tuned():
+    assert testbed.ROLES[testbed.TUNING] == "tuning"
+    assert {testbed.ROLES[name] for name in testbed.BEDS} <= {"tuning", "held-out"}
+    assert {testbed.ROLES[name] for name in testbed.FAMILY} == {"family"}
     assert len(testbed.BEDS) >= 3
     configs = list(testbed.BEDS.values())
     for field in ("num_layers", "heads", "shapes", "seed"):

@@ -1,5 +1,5 @@
 """The error budget's mechanics in a real ComfyUI, on random weights (what it costs in quality is measured
-on the trained beds by bench/quality.py): 0 caches nothing, a budget no cached step fits in is refused by name,
+on the trained beds by bench/quality/): 0 caches nothing, a budget no cached step fits in is refused by name,
 the calibration runs small and confirms once at full size (or only at full size, as saved workflows do), the
 sampler's report carries the budget and the calibrated error target, and nothing stays on the experts."""
 

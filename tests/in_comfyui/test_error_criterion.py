@@ -1,5 +1,5 @@
 """The error criterion (the Cache-DiT nodes' default) in a real ComfyUI, on random weights (what it costs in
-quality is measured on the trained beds by bench/quality.py): it caches while its estimate fits the target, the
+quality is measured on the trained beds by bench/quality/): it caches while its estimate fits the target, the
 report says what it used and what it estimated, a target of 0 caches nothing, runs repeat bit for bit, the MODEL
 node on each expert equals the pack's sampler, saved prompts keep the threshold, and nothing stays behind."""
 

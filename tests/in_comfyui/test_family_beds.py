@@ -1,4 +1,4 @@
-"""The family's trained beds (devtools/testbed.py's FAMILY) on quick versions: the VACE-Fun expert, trained as
+"""The family's trained beds (devtools/testbed/'s FAMILY) on quick versions: the VACE-Fun expert, trained as
 diffusers' WanVACETransformer3DModel and written in ComfyUI's layout, loads as ComfyUI's VaceWanModel and predicts
 there what it was trained to predict, its control handed over as WanVaceToVideo hands it
 (bed_runs.vace_conditioning); the TI2V-5B stand-in (one transformer, 48 channels) loads as ComfyUI's Wan2.2 5B
