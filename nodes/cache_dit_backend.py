@@ -59,11 +59,17 @@ def config(plan: CachePlan, role: str, separate_cfg: bool | None, installed: boo
 
 
 def calibrator(plan: CachePlan):
+    """cache-dit's calibrator config for the plan's calibrator (core.cache.CALIBRATORS), None for none."""
     if plan.calibrator == "none":
         return None
-    from cache_dit import TaylorSeerCalibratorConfig
+    from cache_dit.caching.cache_contexts.calibrators import (DMDCalibratorConfig, FoCaCalibratorConfig,
+                                                              TaylorSeerCalibratorConfig)
 
-    return TaylorSeerCalibratorConfig(taylorseer_order=1)
+    return {"taylorseer": lambda: TaylorSeerCalibratorConfig(taylorseer_order=1), "dmd": DMDCalibratorConfig,
+            "foca": FoCaCalibratorConfig}[plan.calibrator]()
+
+
+CALIBRATOR_TAGS = {"none": "", "taylorseer": "_T1", "dmd": "_DMDH6", "foca": "_FoCa"}  # cache-dit's own tags
 
 
 def describe(plan: CachePlan, role: str, separate_cfg: bool | None = None) -> str:
@@ -73,7 +79,7 @@ def describe(plan: CachePlan, role: str, separate_cfg: bool | None = None) -> st
     name = config(plan, role, separate_cfg).strify()
     if plan.criterion == "error":
         name = re.sub(r"_R[0-9.e+-]+", f"_E{plan.error_target:g}", name)
-    return name + ("_T1" if plan.calibrator == "taylorseer" else "")
+    return name + CALIBRATOR_TAGS[plan.calibrator]
 
 
 def describe_plan(plan: CachePlan) -> str:
@@ -201,11 +207,16 @@ def watch_forecasts(diffusion_model, heard):
 
     manager = _manager(diffusion_model)
 
+    def calibrator():
+        if not manager.is_calibrator_enabled():
+            return None
+        return (manager.get_cfg_calibrator() if manager.is_separate_cfg_step() else manager.get_calibrator())[0]
+
     def wrap(original):
         def set_Bn_buffer(buffer, prefix="Bn"):
             try:
-                forecast = manager.get_Bn_buffer(prefix)
-            except (AssertionError, KeyError):  # a calibrator with no state yet: nothing to forecast from
+                forecast = peek(calibrator(), lambda: manager.get_Bn_buffer(prefix))
+            except (AssertionError, KeyError, RuntimeError):  # a calibrator with no state yet: nothing to forecast
                 forecast = None
             if isinstance(forecast, torch.Tensor) and isinstance(buffer, torch.Tensor) \
                     and forecast.shape == buffer.shape:
@@ -213,6 +224,20 @@ def watch_forecasts(diffusion_model, heard):
             return original(buffer, prefix=prefix)
         return set_Bn_buffer
     return _wrap_manager(diffusion_model, "set_Bn_buffer", wrap)
+
+
+def peek(calibrator, read):
+    """read() (a forecast) with the calibrator's per-stream states left as they were before it: FoCa's forecast
+    advances its window (the forecast becomes its newest value), so a forecast read at a computed step, which
+    cache-dit itself never makes, would change what FoCa forecasts next."""
+    states = getattr(calibrator, "states", None) or {}
+    kept = {name: dict(vars(state)) for name, state in states.items()}
+    try:
+        return read()
+    finally:
+        for name, values in kept.items():
+            vars(states[name]).clear()
+            vars(states[name]).update(values)
 
 
 def contexts(diffusion_model) -> list[dict]:

@@ -10,7 +10,8 @@ from comfy_api.latest import io
 
 from . import cache_dit_backend
 from .core.architecture import UNCACHED_HINT, between_blocks
-from .core.cache import CALIBRATORS, CRITERIA, MODEL_SHARE, SAVED_CRITERION, CachePlan, ExpertCacheSettings
+from .core.cache import (CALIBRATORS, CRITERIA, HELD_PER_STREAM, MODEL_SHARE, SAVED_CRITERION, CachePlan,
+                         ExpertCacheSettings)
 from .core.errors import Wan22InputError
 from .core.experts import ROLE_WORDS
 from .core.report import blocks_saved
@@ -45,10 +46,16 @@ def block_inputs() -> list:
 
 def calibrator_input():
     """Both Cache-DiT nodes' last input; optional, as the Cache-DiT node's workflows saved before it have none."""
+    held = HELD_PER_STREAM
     return io.Combo.Input("calibrator", options=list(CALIBRATORS), default=DEFAULTS["calibrator"], optional=True,
-                          advanced=True, tooltip="none: a cached step reuses the last computed residual. taylorseer: "
-                                                 "cache-dit's TaylorSeer forecasts it from the last computed ones "
-                                                 "(first order; it holds about 2.5 times the cache's memory).")
+                          advanced=True, tooltip="none: a cached step reuses the last computed residual. The others "
+                                                 "forecast it from the computed ones, with cache-dit's calibrator: "
+                                                 "taylorseer (first-order TaylorSeer), dmd (an exponential fit to "
+                                                 "the last 6 computed steps, Taylor until it has 4), foca (a BDF2 "
+                                                 "predictor with a Heun corrector). Memory, in tensors of the "
+                                                 f"hidden state per prompt: none {held['none']}, taylorseer "
+                                                 f"{held['taylorseer']}, foca {held['foca']}, dmd {held['dmd']} (its "
+                                                 "fit in complex128: more still on bf16 experts).")
 
 
 def criterion_inputs() -> list:

@@ -9,9 +9,9 @@ and step count (20 and 40 on every bed, and the few-step LoRA runs 4, 6, 8 on th
 (a seed and a class):
 
 - native: the graph without a cache node (the reference of that seed);
-- ours: Wan2.2 Cache-DiT (MODEL) on each expert, with the error criterion over error targets (alone and with
-  cache-dit's TaylorSeer calibrator), and with the threshold criterion over thresholds (the rest of its inputs
-  at the node's defaults); the node's defaults;
+- ours: Wan2.2 Cache-DiT (MODEL) on each expert, with the error criterion over error targets (alone, with
+  cache-dit's TaylorSeer calibrator, and with its DMD and FoCa calibrators over fewer targets), and with the
+  threshold criterion over thresholds (the rest of its inputs at the node's defaults); the node's defaults;
 - ComfyUI's EasyCache and LazyCache (their other inputs at their defaults), over their thresholds;
 - Spectrum (ComfyUI-Spectrum-WAN-Proper, unmodified, from $WAN22_THIRD_PARTY; bench/peers.py), at its
   defaults, over its window and warm-up, and with its bias_shift transition: skipped, saying why, where it is

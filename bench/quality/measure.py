@@ -13,7 +13,7 @@ from bench.common import Timer
 from bench.few_steps import BlockCounter, Methods, round_references, with_natives
 from bench.peers import (SPECTRUM_BACKENDS, SPECTRUM_DEFAULTS, spectrum_missing, spectrum_node, spectrum_patch,
                          spectrum_restore)
-from bench.quality.settings import (BUDGETS, CALIBRATION, CASES, COMFY, LORA_RUN, MAIN_STEPS, NATIVE_EVERY,
+from bench.quality.settings import (BUDGETS, CALIBRATION, CASES, COMFY, FORECASTS, LORA_RUN, MAIN_STEPS, NATIVE_EVERY,
                                     QUICK_REFUSED_BUDGET, REFUSED_BUDGET, RUNS, SPECTRUM, TARGETS, TAYLORSEER,
                                     THRESHOLDS)
 from bench.run import psnr_db, rel_l2
@@ -27,9 +27,10 @@ def points(runs, methods: Methods, steps: int, quick: bool) -> dict:
     for t in (TARGETS[1::3] if quick else TARGETS):
         out[f"ours_error@{t:g}"] = ("ours_error", t, methods.ours(defaults["residual_diff_threshold"],
                                                                   {**error, "error_target": t}, {}))
-    for t in ([] if quick else TAYLORSEER):
-        out[f"ours_taylorseer@{t:g}"] = ("ours_taylorseer", t, methods.ours(
-            defaults["residual_diff_threshold"], {**error, "error_target": t, "calibrator": "taylorseer"}, {}))
+    for calibrator, targets in ([] if quick else [("taylorseer", TAYLORSEER), *FORECASTS.items()]):
+        for t in targets:
+            out[f"ours_{calibrator}@{t:g}"] = (f"ours_{calibrator}", t, methods.ours(
+                defaults["residual_diff_threshold"], {**error, "error_target": t, "calibrator": calibrator}, {}))
     for t in (THRESHOLDS[1::3] if quick else THRESHOLDS):
         out[f"ours_threshold@{t:g}"] = ("ours_threshold", t, methods.ours(t, {"criterion": "threshold"}, {}))
     node = {"criterion": defaults["criterion"], "error_target": defaults["error_target"]}

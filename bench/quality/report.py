@@ -8,7 +8,7 @@ import os
 
 from bench.common import finish_grid, plot_grid
 from bench.quality.judge import checks
-from bench.quality.settings import CASES, COLOURS, DEFAULTS_BOUND, FLOOR, LABELS, MAIN_STEPS
+from bench.quality.settings import CASES, COLOURS, DEFAULTS_BOUND, ESTIMATED, FLOOR, LABELS, MAIN_STEPS
 
 
 def band_table(bed: dict) -> str:
@@ -17,7 +17,7 @@ def band_table(bed: dict) -> str:
              "target | measured / estimate |", "|---|---|---|---|---|---|---|"]
     for r in bed["step_counts"]:
         for p in r["points"]:
-            if p["method"] not in ("ours_error", "ours_taylorseer", "defaults") or "estimate" not in p:
+            if p["method"] not in ESTIMATED or "estimate" not in p:
                 continue
             e, m = p["estimate"], p["rel_l2"]
             ratio = f"{m['median'] / e['median']:.2f}" if e["median"] > 0 else "-"

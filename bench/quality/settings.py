@@ -11,6 +11,7 @@ CASES = [(101, 1), (202, 4), (303, 6)]  # (seed, class) of each measured run
 CALIBRATION = (11, 0)  # the budget node's calibration run: another seed and class
 TARGETS = [0.01, 0.0125, 0.015, 0.0175, 0.02, 0.0225, 0.025, 0.0275, 0.03, 0.04, 0.05, 0.07, 0.1]
 TAYLORSEER = [0.015, 0.02, 0.03, 0.05]  # the error criterion with cache-dit's TaylorSeer calibrator
+FORECASTS = {"dmd": [0.02, 0.03, 0.05], "foca": [0.02, 0.03, 0.05]}  # ... with its other calibrators (reported)
 THRESHOLDS = [0.03, 0.05, 0.08, 0.12, 0.16, 0.24]
 COMFY = [0.02, 0.05, 0.1, 0.2, 0.3]
 SPECTRUM = {"defaults": {}, "window 1.5": {"window_size": 1.5}, "window 3": {"window_size": 3.0},
@@ -27,10 +28,14 @@ BAND_TARGETS = (0.01, 0.05)  # the targets the band is checked at
 NATIVE_EVERY = 6
 LABELS = {"ours_error": "Cache-DiT, error criterion (target swept)",
           "ours_taylorseer": "Cache-DiT, error criterion + TaylorSeer (target swept)",
+          "ours_dmd": "Cache-DiT, error criterion + DMD (target swept)",
+          "ours_foca": "Cache-DiT, error criterion + FoCa (target swept)",
           "ours_threshold": "Cache-DiT, threshold criterion (threshold swept)",
           "defaults": "Cache-DiT node defaults", "easycache": "ComfyUI EasyCache", "lazycache": "ComfyUI LazyCache",
           "spectrum": "Spectrum-WAN", "budget": "Cache-DiT Error Budget (calibrated elsewhere)"}
-COLOURS = {"ours_error": "#d62728", "ours_taylorseer": "#e377c2", "ours_threshold": "#8c564b", "defaults": "#ff7f0e",
+COLOURS = {"ours_error": "#d62728", "ours_taylorseer": "#e377c2", "ours_dmd": "#bcbd22", "ours_foca": "#17becf",
+           "ours_threshold": "#8c564b", "defaults": "#ff7f0e",
            "easycache": "#2ca02c", "lazycache": "#1f77b4", "spectrum": "#9467bd", "budget": "#000000"}
-OURS = ("ours_error", "ours_taylorseer", "ours_threshold", "defaults", "budget")
+OURS = ("ours_error", "ours_taylorseer", "ours_dmd", "ours_foca", "ours_threshold", "defaults", "budget")
+ESTIMATED = ("ours_error", "ours_taylorseer", "ours_dmd", "ours_foca", "defaults")  # points with the nodes' estimate
 FLOOR = 1e-5

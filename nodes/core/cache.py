@@ -13,7 +13,17 @@ from dataclasses import dataclass, replace
 from .errors import Wan22InputError
 from .experts import ROLE_WORDS, ROLES
 
-CALIBRATORS = ("none", "taylorseer")
+# What a cached step is given for its cached blocks: the last computed residual ("none"), or cache-dit's forecast
+# of it from the computed ones: TaylorSeer (first-order polynomial from the last anchor), DMD (an exponential fit
+# to the last 6 computed residuals: dynamic mode decomposition, Prony's method; Taylor until it has 4) or FoCa
+# (a BDF2 predictor with a Heun corrector, recursive over cached steps). Added after workflows were saved: new
+# names only, at the end.
+CALIBRATORS = ("none", "taylorseer", "dmd", "foca")
+# The tensors of the hidden state's size a context holds per prompt stream at most, by calibrator, at F1 B0 (the
+# first blocks' output it compares and the residual it reuses, then the calibrator's states): measured on fp32
+# experts (tests/in_comfyui/test_cache_nodes.py). DMD keeps its fit in complex128 whatever the experts' dtype, so
+# on bf16 experts its share is larger still.
+HELD_PER_STREAM = {"none": 2, "taylorseer": 5, "dmd": 23, "foca": 5}
 # How a step is chosen for the cache:
 # - "error": each cached step's change to the final latent is estimated from what the run itself measures (the
 #   cache's miss at its computed steps, through the model's own output and CFG, per unit of the first blocks'
@@ -36,7 +46,7 @@ class ExpertCacheSettings:
 class CachePlan:
     """What Cache-DiT should do on each expert: printable and comparable, applied in one place. The
     defaults: F1 B0 MC3, high with no cap, low M20 (Wan2.2's serving settings), the error criterion with a
-    warm-up of 1 on each expert and the error target chosen on the tuning bed (bench/quality.py `choose`: the
+    warm-up of 1 on each expert and the error target chosen on the tuning bed (bench/quality/judge.py `choose`: the
     error criterion weighs early steps itself, so it needs only one computed step to compare with). The
     threshold applies to the "threshold" criterion only (0.05, the largest that kept the tuning bed's median error
     at or below 0.03 at 20 and at 40 steps; other models need other thresholds, which is why it is no longer the

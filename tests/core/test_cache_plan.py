@@ -28,12 +28,19 @@ def test_a_context_config_leaves_the_step_count_unset_and_pairs_cond_first():
     assert not backend.config(C.CachePlan(), "high", separate_cfg=False).enable_separate_cfg
 
 
-def test_taylorseer_is_cache_dits_own_calibrator():
-    from cache_dit import TaylorSeerCalibratorConfig
+def test_each_calibrator_is_cache_dits_own_and_named_by_its_own_tag():
+    from cache_dit import DMDCalibratorConfig, FoCaCalibratorConfig, TaylorSeerCalibratorConfig
 
     assert backend.calibrator(C.CachePlan()) is None
     calibrator = backend.calibrator(C.CachePlan(calibrator="taylorseer"))
     assert isinstance(calibrator, TaylorSeerCalibratorConfig) and calibrator.taylorseer_order == 1
+    assert isinstance(backend.calibrator(C.CachePlan(calibrator="dmd")), DMDCalibratorConfig)
+    assert isinstance(backend.calibrator(C.CachePlan(calibrator="foca")), FoCaCalibratorConfig)
+    assert C.CALIBRATORS[:2] == ("none", "taylorseer")  # saved workflows' values keep their places
+    for name in C.CALIBRATORS:  # the report's and the canvas's name; DMD's and FoCa's as cache-dit names them
+        assert backend.describe(C.CachePlan(calibrator=name), "low").endswith(backend.CALIBRATOR_TAGS[name])
+    assert backend.CALIBRATOR_TAGS["dmd"] == "_" + backend.calibrator(C.CachePlan(calibrator="dmd")).strify()
+    assert backend.CALIBRATOR_TAGS["foca"] == "_" + backend.calibrator(C.CachePlan(calibrator="foca")).strify()
 
 
 @pytest.mark.parametrize("plan,input_name", [
@@ -44,7 +51,7 @@ def test_taylorseer_is_cache_dits_own_calibrator():
     (C.CachePlan(max_continuous_cached_steps=0), "max_continuous_cached_steps"),
     (C.CachePlan(high=C.ExpertCacheSettings(-1, -1)), "high_warmup_steps"),
     (C.CachePlan(low=C.ExpertCacheSettings(2, -2)), "low_max_cached_steps"),
-    (C.CachePlan(calibrator="foca"), "calibrator"),
+    (C.CachePlan(calibrator="magic"), "calibrator"),
 ])
 def test_a_plan_the_experts_cannot_take_is_refused_naming_the_input(plan, input_name):
     with pytest.raises(Wan22InputError) as e:
@@ -69,3 +76,28 @@ def test_cached_evaluations_are_mapped_back_to_the_run_steps_they_belong_to():
                               StepRecord(2, 0.8, "low", 2), StepRecord(3, 0.5, "low", 1)])
     record.cache = {"high": {"cached_steps": [3]}, "low": {"cached_steps": [2]}}
     assert record.cached_flags() == [False, True, False, True]
+
+
+@pytest.mark.parametrize("kind", ["taylorseer", "dmd", "foca"])
+def test_a_forecast_read_at_a_computed_step_leaves_the_calibrator_as_it_was(kind):
+    """The error criterion reads the calibrator's forecast at computed steps (watch_forecasts), where cache-dit
+    never does; FoCa's forecast advances its window, so the read is made with the states kept (peek): a calibrator
+    read that way forecasts what an unread one does, bit for bit."""
+    import torch
+    from cache_dit.caching.cache_contexts.calibrators import Calibrator
+
+    config = backend.calibrator(C.CachePlan(calibrator=kind))
+    read, unread = Calibrator(config), Calibrator(config)
+    g = torch.Generator().manual_seed(0)
+    for step in range(7):
+        value = torch.randn(2, 6, 8, generator=g)
+        for c in (read, unread):
+            c.mark_step_begin()
+        if step >= 2:
+            backend.peek(read, lambda: read.approximate(name="Bn"))  # the criterion's read, before the update
+        for c in (read, unread):
+            c.update(value, name="Bn")
+    for _ in range(3):  # cached steps: forecasts only
+        for c in (read, unread):
+            c.mark_step_begin()
+        assert torch.equal(read.approximate(name="Bn"), unread.approximate(name="Bn"))

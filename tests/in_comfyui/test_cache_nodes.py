@@ -205,16 +205,27 @@ def test_at_four_steps_the_report_says_the_cache_can_skip_nothing_and_the_run_is
     assert torch.equal(cached, latent_of(comfyui, FINAL["ours"]))
 
 
-def test_taylorseer_forecasts_cached_steps_and_stays_repeatable(comfyui, tiny_models):
+@pytest.mark.parametrize("calibrator", ["taylorseer", "dmd", "foca"])
+def test_a_calibrator_forecasts_cached_steps_repeats_seeds_a_b_a_and_holds_its_memory_only_in_its_run(
+        comfyui, tiny_models, calibrator):
+    """Each of cache-dit's calibrators: its cached steps differ from the plain cache's (forecast, not reused), the
+    same prompt for seed A, then B, then A again gives A bit for bit, its memory is in the report (held_bytes,
+    more than the plain cache holds), and nothing of it is left on the experts after the run."""
     permissive = {"residual_diff_threshold": 0.9, "high_warmup_steps": 2, "low_warmup_steps": 2}
-    latents = {}
-    for calibrator in ("none", "taylorseer", "taylorseer"):
+    latents, held = [], {}
+    for name, seed in (("none", 6), (calibrator, 6), (calibrator, 7), (calibrator, 6)):
         executor = comfyui.new_executor()  # the same prompt twice: computed again, not served from the cache
-        result = run_ok(comfyui, cached_prompt(tiny_models, cache={**permissive, "calibrator": calibrator},
-                                               steps=12, seed=6), executor)
-        assert report_of(result)["cache"]["high"]["calibrator"] == calibrator
-        latents.setdefault(calibrator, []).append(latent_of(comfyui, FINAL["ours"], executor))
-    assert torch.equal(*latents["taylorseer"]) and not torch.equal(latents["none"][0], latents["taylorseer"][0])
+        result = run_ok(comfyui, cached_prompt(tiny_models, cache={**permissive, "calibrator": name},
+                                               steps=12, seed=seed), executor)
+        report = report_of(result)["cache"]
+        assert report["high"]["calibrator"] == name and report["high"]["cached_steps"]
+        held[name] = report["high"]["held_bytes"]
+        latents.append(latent_of(comfyui, FINAL["ours"], executor))
+        for model in diffusion_models(comfyui, executor=executor).values():
+            assert leftovers(model) == [] and contexts(model) == []
+    assert torch.equal(latents[1], latents[3]) and not torch.equal(latents[1], latents[2])
+    assert not torch.equal(latents[0], latents[1])
+    assert held[calibrator] > held["none"] > 0
 
 
 def test_split_cfg_batches_get_separate_cfg_contexts_and_the_runs_repeatable(comfyui, tiny_models, monkeypatch,
@@ -357,15 +368,20 @@ def test_a_prompt_saved_without_the_calibrator_input_still_runs(comfyui, tiny_mo
     assert json.loads(run_ok(comfyui, prompt).outputs["6"]["text"][0])["cache"]["high"]["calibrator"] == "none"
 
 
-def test_the_report_gives_the_memory_cache_dit_held_per_expert(comfyui, tiny_models):
+@pytest.mark.parametrize("calibrator", C.CALIBRATORS)
+def test_the_report_gives_the_memory_cache_dit_held_per_expert(comfyui, tiny_models, calibrator):
     """Two hidden-state-sized tensors per prompt stream (the first blocks' output it compares and the rest's
-    residual it reuses) at F1 B0 without a calibrator; TaylorSeer holds more: what docs/stack.md's sizes use."""
-    run = dict(steps=12, seed=5, width=64, height=48, length=5)  # 2 latent frames of 6 x 8: 24 tokens
+    residual it reuses) at F1 B0 without a calibrator; a calibrator holds its states besides, at most
+    C.HELD_PER_STREAM of them once it has forecast (DMD's fit in complex128): what docs/stack.md's sizes and the
+    calibrator's tooltip use."""
+    run = dict(steps=30, seed=5, width=64, height=48, length=5)  # 2 latent frames of 6 x 8: 24 tokens
     tokens, width = 2 * (48 // 16) * (64 // 16), 128
-    plain = report_of(run_ok(comfyui, cached_prompt(tiny_models, **run)))
-    taylor = report_of(run_ok(comfyui, cached_prompt(tiny_models, cache={"calibrator": "taylorseer"}, **run)))
+    unit = 2 * tokens * width * 4  # one fp32 tensor of the hidden state's size for each of positive and negative
+    cache = {"calibrator": calibrator, "criterion": "threshold", "residual_diff_threshold": 0.9}
+    report = report_of(run_ok(comfyui, cached_prompt(tiny_models, cache=cache, **run)))
     for role in ("high", "low"):
-        stats = plain["cache"][role]
-        assert stats["cfg_batching"] == "batched" and stats["held_on"] == ["cpu"]
-        assert stats["held_bytes"] == 2 * 2 * tokens * width * 4  # 2 tensors x (positive + negative) x fp32
-        assert taylor["cache"][role]["held_bytes"] > stats["held_bytes"]
+        stats = report["cache"][role]
+        assert stats["cfg_batching"] == "batched" and stats["held_on"] == ["cpu"] and stats["cached_steps"]
+        assert stats["held_bytes"] <= C.HELD_PER_STREAM[calibrator] * unit * 1.01
+    most = max(report["cache"][role]["held_bytes"] for role in ("high", "low"))
+    assert most >= C.HELD_PER_STREAM[calibrator] * unit
