@@ -140,7 +140,11 @@ def test_bench_parallel_quick(quick_runs):
             assert set(row["stage_splits"].values()) == {"cfg" if name.startswith("CFG 3.5") else "ulysses"}, name
         if "cache on" in name:
             assert row["cached_steps"]["high"] or row["cached_steps"]["low"], name
-    assert "holds" not in (tmp_path / "parallel_quick.md").read_text()  # a smoke test judges no target
+    table = (tmp_path / "parallel_quick.md").read_text()
+    assert "holds" not in table  # a smoke test judges no target
+    for name, row in rows.items():  # ... and tables every run it measured, with what it cached
+        cached = sum(len(s) for s in row.get("cached_steps", {}).values())  # cache-off runs have none
+        assert f"| {name} | " in table and f"| {cached} |" in table.split(f"| {name} | ", 1)[1].split("\n", 1)[0]
 
 
 def test_bench_quality_quick(quick_runs):
@@ -188,7 +192,13 @@ def test_bench_family_quick(quick_runs):
             continue
         for setting in ("defaults", "target 0.1", "TaylorSeer"):  # the same steps cached; fresh hints run VACE blocks
             assert points[f"{setting}, fresh"]["block_cost"] >= points[f"{setting}, cached"]["block_cost"]
-    assert "holds" not in (tmp_path / "results" / "family_quick.md").read_text()
+    table = (tmp_path / "results" / "family_quick.md").read_text()
+    assert "holds" not in table  # a smoke test judges no target, and tables every point it measured
+    for kind, bed in results["beds"].items():
+        [run] = bed["step_counts"]
+        for p in run["points"]:
+            assert (f"| {bed['bed']['name']} | {run['steps']} | {p['name']} | {p['rel_l2']:.4f} | "
+                    f"{p['block_cost']:.3f} |") in table
 
 
 @pytest.mark.parametrize("module, args, option", [
