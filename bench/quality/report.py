@@ -7,8 +7,8 @@ import json
 import os
 
 from bench.common import finish_grid, plot_grid
-from bench.quality.judge import checks
-from bench.quality.settings import CASES, COLOURS, DEFAULTS_BOUND, ESTIMATED, FLOOR, LABELS, MAIN_STEPS
+from bench.quality.judge import checks, in_band
+from bench.quality.settings import BAND_TARGETS, CASES, COLOURS, DEFAULTS_BOUND, ESTIMATED, FLOOR, LABELS, MAIN_STEPS
 
 
 def band_table(bed: dict) -> str:
@@ -153,3 +153,40 @@ def write_summary(beds: dict, folder: str, name: str) -> None:
     with open(os.path.join(folder, f"{name}.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def span(values: list[float], digits: int = 2) -> str:
+    return f"{min(values):.{digits}f} to {max(values):.{digits}f}"
+
+
+def figures(bed: dict) -> dict[str, str]:
+    """The figures the README and docs/ give of a bed's results, as they write them (tests/core/test_figures.py
+    checks those pages against them): per step count, the defaults' and each budget's median error / block cost,
+    and for the error criterion (plain and TaylorSeer) the band of measured / target and measured / estimate
+    over targets BAND_TARGETS, with how many targets are in band; the budgets' work in full runs."""
+    out, work = {}, []
+    for r in bed["step_counts"]:
+        s = r["steps"]
+        for p in r["points"]:
+            if "refused" in p or p["method"] not in ("defaults", "budget"):
+                continue
+            name = "defaults" if p["method"] == "defaults" else f"budget {p['threshold']:g}"
+            out[f"{name} {s}"] = f"{p['rel_l2']['median']:.4f} / {p['block_cost']['median']:.3f}"
+            work += [p["work_in_full_runs"]] if p["method"] == "budget" else []
+        for method in ("ours_error", "ours_taylorseer"):
+            swept = [p for p in r["points"] if p["method"] == method and "estimate" in p
+                     and BAND_TARGETS[0] <= p["threshold"] <= BAND_TARGETS[1]]
+            cached = [p for p in swept if in_band(p) is not None]
+            if cached:
+                out[f"{method} {s} / target"] = span([p["rel_l2"]["median"] / p["threshold"] for p in cached])
+                out[f"{method} {s} / estimate"] = span([p["rel_l2"]["median"] / p["estimate"]["median"]
+                                                         for p in cached])
+                out[f"{method} {s} in band"] = f"{sum(in_band(p) is not False for p in swept)} of {len(swept)}"
+    main = [p for r in bed["step_counts"] if r["steps"] in MAIN_STEPS for p in r["points"]
+            if p["method"] == "ours_error" and "estimate" in p and BAND_TARGETS[0] <= p["threshold"] <= BAND_TARGETS[1]
+            and in_band(p) is not None]
+    if main:  # both step counts together: the README's one-line summary
+        out["ours_error / target"] = span([p["rel_l2"]["median"] / p["threshold"] for p in main])
+    if work:
+        out["budget work"] = span(work, 1)
+    return out
