@@ -132,8 +132,8 @@ def main() -> int:
             result["choice"] = choose(result)
         beds[name] = result
         write_bed(f"quality_{name}", result, args.results_dir)
-    if args.budgets:  # the summary keeps the beds not measured again as they were
-        for name in ([] if args.quick else testbed.BEDS):
+    if not args.quick:  # the summary keeps the beds not measured in this run as they were
+        for name in testbed.BEDS:
             path = os.path.join(args.results_dir, f"quality_{name}.json")
             if name not in beds and os.path.exists(path):
                 with open(path, encoding="utf-8") as f:

@@ -328,4 +328,22 @@ def statistics(plan: CachePlan, role: str, seen: StageSeen, outcome: dict, layer
         "blocks_skipped_per_cached_forward": layers - plan.first_compute_blocks - plan.last_compute_blocks,
         "skippable_steps": skippable_steps(plan, role, seen.evaluations),
         "note": skip_note(plan, role, seen.evaluations),
+        **below_smallest(plan, role, seen, outcome, estimate),
     }
+
+
+def below_smallest(plan: CachePlan, role: str, seen: StageSeen, outcome: dict, estimate: dict | None) -> dict:
+    """With the error criterion, a stage that could cache but cached nothing because its share of the target is
+    below the smallest change any of its steps was estimated to make: a right answer at that target, said as one
+    (its note, and `below_smallest_step` for the report's line)."""
+    if not estimate or outcome.get("cached_steps") or estimate.get("smallest_step_estimate") is None \
+            or not skippable_steps(plan, role, seen.evaluations):
+        return {}
+    smallest, share = estimate["smallest_step_estimate"], estimate["error_target_share"]
+    if smallest <= share or share <= 0:
+        return {}
+    return {"below_smallest_step": True,
+            "note": f"cached nothing, rightly: the smallest change one of the {ROLE_WORDS[role]} expert's steps was "
+                    f"estimated to make ({smallest:.4g}) is more than its share of error_target "
+                    f"{plan.error_target:g} ({share:.4g}); an error_target above "
+                    f"{plan.error_target * smallest / share:.4g} may cache it"}

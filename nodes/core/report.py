@@ -117,7 +117,7 @@ def summary_line(report: dict) -> str:
         if stats and "cached_steps" in stats:
             line = (f"cache {stage}: {len(stats['cached_steps'])} of {stats['evaluations']} steps cached, "
                     f"{blocks_saved(stats)}")
-            if stats["skippable_steps"] == 0:
+            if stats["skippable_steps"] == 0 or stats.get("below_smallest_step"):
                 line += f"; {stats['note']}"
             lines.append(line)
     return "\n".join(lines)

@@ -160,6 +160,30 @@ def test_a_target_of_zero_runs_without_the_cache_and_says_why():
     assert C.CachePlan(criterion="threshold", error_target=0.0).caches("low")  # the threshold ignores it
 
 
+def test_a_target_below_the_smallest_step_caches_nothing_and_the_report_says_it_is_a_right_answer():
+    """A stage whose share of the target is below every step's estimated change caches nothing; its report's note
+    says so and names the target that would cache the smallest step (the band check counts it as no miss)."""
+    plan = C.CachePlan(error_target=0.01)
+    a = C.stage_allowance(plan, "low", 0.5)  # a share of 0.005
+    for sigma, diff in ((0.5, 0.05), (0.45, 0.3), (0.4, 0.4)):
+        a.at(sigma, (0.5, 0.45, 0.4, 0.3))
+        assert a.threshold() < 0.3  # never as large as the steps' changes: nothing may be cached
+        a.seen(diff, cached=False)
+        a.missed(2.0 * diff, diff)  # a model whose cache misses by twice the change
+    estimate = a.estimate()
+    assert estimate["estimated_error"] == 0 and estimate["smallest_step_estimate"] > estimate["error_target_share"]
+    seen = C.StageSeen(evaluations=3, calls=3, cfg_batching="batched", pass_order=(), block_forwards=24,
+                       config="x")
+    stats = C.statistics(plan, "low", seen, {"cached_steps": []}, 8, estimate)
+    needed = 0.01 * estimate["smallest_step_estimate"] / 0.005
+    assert stats["below_smallest_step"] and stats["note"].startswith("cached nothing, rightly")
+    assert f"error_target above {needed:.4g}" in stats["note"]
+    cached = C.statistics(plan, "low", seen, {"cached_steps": [2]}, 8, estimate)
+    assert "below_smallest_step" not in cached and "rightly" not in cached["note"]  # it cached: as before
+    nothing_heard = C.stage_allowance(C.CachePlan(error_target=1.0), "low", 0.5).estimate()
+    assert C.below_smallest(plan, "low", seen, {"cached_steps": []}, nothing_heard) == {}  # no claim
+
+
 def test_the_error_criterion_names_its_target_where_cache_dit_names_a_threshold():
     assert backend.describe(C.CachePlan(error_target=0.025), "high") == "DBCache_F1B0_W1I1M0MC3_E0.025"
     assert backend.describe(C.CachePlan(criterion="threshold"), "low") == "DBCache_F1B0_W1I1M20MC3_R0.05"

@@ -47,6 +47,17 @@ def test_a_larger_target_caches_more(comfyui, tiny_models):
     assert cached == sorted(cached) and cached[0] < cached[-1]
 
 
+def test_a_target_below_every_steps_change_caches_nothing_and_says_so_as_a_right_answer(comfyui, tiny_models):
+    result = run_ok(comfyui, prompt(tiny_models, {**ERROR, "error_target": 1e-4}, seed=5))
+    report, text = report_of(result), result.outputs["5"]["text"][0]
+    for role in ("high", "low"):
+        stats = report["cache"][role]
+        assert stats["cached"] and stats["cached_steps"] == [] and stats.get("below_smallest_step"), stats
+        assert stats["note"].startswith("cached nothing, rightly") and "error_target above" in stats["note"]
+        assert f"cache {role}: 0 of {stats['evaluations']} steps cached" in text
+    assert text.count("cached nothing, rightly") == 2
+
+
 def test_a_target_of_zero_runs_without_the_cache_and_equals_the_uncached_run(comfyui, tiny_models):
     report = report_of(run_ok(comfyui, prompt(tiny_models, {**ERROR, "error_target": 0.0}, seed=6)))
     zero = latent_of(comfyui, FINAL["ours"])
