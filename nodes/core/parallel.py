@@ -51,6 +51,27 @@ class ParallelPlan:
         return "cfg" if self.split in ("auto", "cfg") and float(cfg) > 1.0 and self.workers % PROMPTS == 0 \
             else "ulysses"
 
+    def splits_sequence(self, cfg: float) -> bool:
+        """Whether a stage at this CFG cuts each prompt's token sequence across workers (Ulysses, alone or in each
+        half of a CFG mesh): a worker then holds a shard of every hidden state."""
+        return self.workers // (PROMPTS if self.stage_split(cfg) == "cfg" else 1) > 1
+
+
+# Calibrators whose forecast of a tensor is not the forecasts of its parts: DMD fits one exponential model to the
+# whole of each prompt's hidden state (an SVD), so a worker's shard would forecast otherwise than one process.
+# TaylorSeer and FoCa forecast element by element.
+WHOLE_STATE_CALIBRATORS = ("dmd",)
+
+
+def refuse_calibrator(plan: ParallelPlan, calibrator: str, stage_cfg: dict) -> None:
+    """Refuses, naming `calibrator`, a calibrator the plan would run on shards of the sequence."""
+    cut = sorted(stage for stage, cfg in stage_cfg.items() if plan.splits_sequence(cfg))
+    if calibrator in WHOLE_STATE_CALIBRATORS and cut:
+        raise Wan22InputError("calibrator", f"{calibrator} fits each prompt's whole hidden state, and the parallel "
+                                            f"plan cuts the sequence across workers at {', '.join(cut)}: use "
+                                            "taylorseer or foca (they forecast element by element), or run "
+                                            "without the parallel plan")
+
 
 def mesh_groups(world: int, prompts: int) -> tuple[list[list[int]], list[list[int]]]:
     """The ranks of a mesh of `prompts` x (world / prompts): the sequence groups (the ranks that split one

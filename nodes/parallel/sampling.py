@@ -27,8 +27,10 @@ def sample_on_workers(experts, schedule, lead_model, positive, negative, latent:
         if carried:
             raise Wan22InputError(name, f"carries {', '.join(carried)} (a ControlNet, hooks or GLIGEN node), which "
                                         "the workers cannot run: remove that node, or run without the parallel plan")
-    specs = {role: model_spec(model, role) for role, model in experts.models().items()}
     stage_cfg = {**cfg, **({"lead": schedule.lead.cfg} if schedule.lead is not None else {})}
+    if experts.cache_plan is not None:
+        core.refuse_calibrator(plan, experts.cache_plan.calibrator, stage_cfg)
+    specs = {role: model_spec(model, role) for role, model in experts.models().items()}
     job = {"experts": experts.replace(high=None, low=None, parallel_plan=None), "specs": specs,
            "lead": model_spec(lead_model, "lead") if lead_model is not None else None, "schedule": schedule,
            "splits": {stage: plan.stage_split(value) for stage, value in stage_cfg.items()},

@@ -120,6 +120,20 @@ def test_each_stage_splits_its_prompts_at_cfg_above_one_with_even_workers_else_i
     assert plan(split="cfg").summary()["split"] == "cfg"
 
 
+def test_dmd_is_refused_by_name_where_a_stage_cuts_the_sequence_and_runs_where_each_worker_holds_a_prompt():
+    """DMD fits each prompt's whole hidden state, so a worker's shard would forecast otherwise than one process;
+    two workers that each hold one prompt (the CFG split) forecast as it does, and element-wise calibrators run."""
+    auto = plan(split="auto")
+    assert not auto.splits_sequence(3.5) and auto.splits_sequence(1.0)
+    assert plan(workers=4, ulysses_degree=4, split="auto").splits_sequence(3.5)  # the mesh: each half splits
+    parallel.refuse_calibrator(auto, "dmd", {"high": 3.5, "low": 3.0})  # CFG split at both stages: runs
+    for calibrator in ("none", "taylorseer", "foca"):
+        parallel.refuse_calibrator(plan(), calibrator, {"high": 3.5, "low": 1.0})
+    with pytest.raises(Wan22InputError) as refused:
+        parallel.refuse_calibrator(auto, "dmd", {"high": 3.5, "low": 1.0})
+    assert refused.value.input_name == "calibrator" and "cuts the sequence across workers at low" in str(refused.value)
+
+
 def test_a_split_that_cannot_run_is_refused_by_name():
     assert refusal(split="sideways").startswith("split: unknown split 'sideways': use one of auto, ulysses, cfg")
     assert refusal(workers=3, ulysses_degree=3, split="cfg").startswith(

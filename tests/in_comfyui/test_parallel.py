@@ -362,3 +362,12 @@ def test_an_attachment_on_the_model_is_refused_by_name_but_a_lora_header_is_sent
     assert rebuilt.get_attachment("lora_metadata") == {"format": "pt"}
     model.attachments["probe"] = object()
     assert rebuild.unrebuildable(model) == ["attachment probe"]
+
+
+def test_dmd_on_a_sequence_the_workers_cut_is_refused_by_name_before_any_worker_starts(comfyui, tiny_models,
+                                                                                      parallel_experts):
+    prompt = with_plan(two_heads(parallel_experts, tiny_models, cfg=(1.0, 1.0),
+                                 cache={**P.CACHING, "calibrator": "dmd"}))
+    message = P.failed_at_run(comfyui, prompt)
+    assert message.startswith("calibrator: dmd fits each prompt's whole hidden state") and "taylorseer" in message
+    assert comfyui.worker_pids() == []
