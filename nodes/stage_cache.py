@@ -209,6 +209,12 @@ class StageCache:
         try:
             if self.installed:
                 if hasattr(self.diffusion_model, "vace_layers_mapping"):
+                    if getattr(self.diffusion_model, "vace_image_input", False):
+                        # a newer ComfyUI's VACE with image input (ID-V2V) runs its VACE blocks on the text tokens
+                        # alone; the fresh hints would give them the image tokens too
+                        raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is a VACE model with image "
+                                                         "input, whose VACE hints Cache-DiT cannot keep fresh: "
+                                                         f"{self.turn_off}")
                     layers = len(self.diffusion_model.blocks)
                     self.vace = VaceHints(self.diffusion_model, (self.plan.first_compute_blocks,
                                                                  layers - self.plan.last_compute_blocks),

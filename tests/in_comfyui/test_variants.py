@@ -364,3 +364,17 @@ def test_ti2v_5b_with_a_start_image_equals_comfyuis_ksampler_keeps_the_image_and
         latents.append(latent)
     assert torch.equal(latents[0], latents[2]) and not torch.equal(latents[0], latents[1])
     assert not torch.equal(latents[0], uncached)
+
+
+def test_a_vace_model_with_image_input_is_refused_by_the_cache_and_runs_without_it(
+        comfyui, tiny_models, variant_experts, image, monkeypatch):
+    """A newer ComfyUI marks a VACE checkpoint with image input (ID-V2V) `vace_image_input` and runs its VACE blocks
+    on the text tokens alone, which the fresh hints do not: the cache refuses it by name; uncached it runs."""
+    import comfy.ldm.wan.model
+
+    monkeypatch.setattr(comfy.ldm.wan.model.VaceWanModel, "vace_image_input", True, raising=False)
+    high, low = variant_experts[("vace", "high")], variant_experts[("vace", "low")]
+    prompt = our_prompt(loader(high, low), text_folder(tiny_models), cache=CACHING, **RUN)
+    message = failed_at_run(comfyui, conditioned(prompt, ["5"], "vace", image))
+    assert message.startswith("enabled: the high-noise expert is a VACE model with image input")
+    run_ok(comfyui, conditioned(our_prompt(loader(high, low), text_folder(tiny_models), **RUN), ["5"], "vace", image))
