@@ -30,7 +30,7 @@ def test_object_info_lists_the_nodes_with_the_designed_inputs_and_outputs(tiny_m
     assert bridge["output"] == ["WAN22_EXPERTS"]
     cache = info["Wan22CacheDiT"]["input"]
     assert list(cache["optional"]) == ["calibrator", "criterion", "error_target"]  # added after the existing inputs
-    assert cache["optional"]["calibrator"][1]["options"] == ["none", "taylorseer"]
+    assert cache["optional"]["calibrator"][1]["options"] == ["none", "taylorseer", "dmd", "foca"]  # new ones after
     assert cache["optional"]["criterion"][1]["options"] == ["error", "threshold"]
     assert cache["optional"]["criterion"][1]["default"] == "error"
 
