@@ -179,14 +179,17 @@ def round_speedups(reference: list[float], seconds: list[float]) -> tuple[float,
 
 
 def cache_columns(record) -> dict:
-    """What one of our cached runs did, for a benchmark row: its cached steps per expert and the block forwards
-    a run without cache makes against those it made (the ceiling of its speed-up)."""
+    """What one of our cached runs did, for a benchmark row: its cached steps per expert, the block forwards
+    a run without cache makes against those it made (the ceiling of its speed-up), and the most memory a stage's
+    cache held and asked ComfyUI's memory management for (bytes)."""
     if record is None or not record.cache:
         return {}
     stats = record.cache.values()
     return {"block_forward_ratio": sum(s["block_forwards_without_cache"] for s in stats)
             / sum(s["block_forwards"] for s in stats),
-            "cached_steps": {role: s["cached_steps"] for role, s in record.cache.items()}}
+            "cached_steps": {role: s["cached_steps"] for role, s in record.cache.items()},
+            "cache_held_bytes": max(s.get("held_bytes", 0) for s in stats),
+            "cache_asked_bytes": max(s.get("memory_asked_bytes", 0) for s in stats)}
 
 
 def text_embeddings(seed: int, tokens: int = 512, real: int = 24, width: int = 4096) -> torch.Tensor:

@@ -7,8 +7,9 @@ with random bf16 weights, built on the GPU by ComfyUI's own state-dict loader; a
 transformer call per step, so that the four runs fit in about eight minutes on an H100/H200-class card
 (`--cfg 4,3` runs Wan2.2's own CFG, both prompts batched: twice the time). Per variant and round: the time
 per step, the speed-up against the native graph (the ratio of neighbouring runs within a round; the median
-over rounds is reported), the relative L2 and PSNR of the latent against the native one, and the peak GPU
-memory. Prints a table and writes bench/results/gpu.json. The weights are random: the errors say how far
+over rounds is reported), the relative L2 and PSNR of the latent against the native one, the peak GPU
+memory (cache on and off), and for the cached run the most a stage's cache held and asked ComfyUI's memory
+management to make room for. Prints a table and writes bench/results/gpu.json. The weights are random: the errors say how far
 caching moves this run, not how a real video looks.
 
 Cache-DiT runs at an explicit threshold, CACHE_THRESHOLD (0.9) unless `--threshold` says otherwise: random
@@ -140,15 +141,17 @@ def measure(bench: Runs, device: torch.device, plan, rounds: int, budget_s: floa
 
 
 def table(results: dict) -> str:
-    lines = ["| run | s / step | speed-up vs native | rel. L2 | PSNR (dB) | peak GPU memory (GB) | cached steps |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| run | s / step | speed-up vs native | rel. L2 | PSNR (dB) | peak GPU memory (GB) | cached steps | "
+             "cache held / asked of ComfyUI (GB) |", "|---|---|---|---|---|---|---|---|"]
     threshold = results["config"]["cache_threshold"]
     for name, row in results["variants"].items():
         peak = f"{row['peak_gb']:.1f}" if row["peak_gb"] else "n/a"
         label = f"{LABELS[name]} at {threshold:g}" if name == "ours_cachedit" else LABELS[name]
         cached = sum(len(s) for s in row["cached_steps"].values()) if "cached_steps" in row else "-"
+        memory = (f"{row['cache_held_bytes'] / 2**30:.3f} / {row['cache_asked_bytes'] / 2**30:.3f}"
+                  if "cache_held_bytes" in row else "-")
         lines.append(f"| {label} | {row['seconds_per_step']:.3f} | {row['speedup']:.2f}x | "
-                     f"{row['rel_l2']:.4f} | {row['psnr_db']:.1f} | {peak} | {cached} |")
+                     f"{row['rel_l2']:.4f} | {row['psnr_db']:.1f} | {peak} | {cached} | {memory} |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ import comfy.patcher_extension
 
 from . import cache_dit_backend
 from .block_forwards import SwappedForwards
+from .cache_memory import CacheMemory
 from .cache_miss import MissWatch
 from .core import cache as core
 from .core.errors import Wan22InputError
@@ -153,6 +154,7 @@ class StageCache:
         # what the stage's sampling does, counted once: the engine's StageCalls, or one of the cache's own
         self.own_calls = calls is None
         self.calls = StageCalls(self.stage) if calls is None else calls
+        self.memory = CacheMemory(plan, role)  # the bytes it will hold, told to ComfyUI's memory management
         self._reset()
 
     def _reset(self) -> None:
@@ -177,6 +179,7 @@ class StageCache:
         refuse_block_patches(model.model_options.get("transformer_options", {}), self.stage, self.turn_off)
         if self.own_calls:
             self.calls.attach(model)
+        self.memory.attach(model)
         model.add_wrapper_with_key(WrappersMP.SAMPLER_SAMPLE, KEY, self.sampler_sample)
         model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY, self.calc_cond_batch)
         model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, self.diffusion_model_call)
@@ -398,6 +401,7 @@ class StageCache:
                                 self.allowance.estimate() if self.allowance is not None else None)
         stats["cached"] = self.installed  # False: the stage ran without the cache (its note says why)
         stats["held_bytes"] = self.held["bytes"] if self.held else 0
+        stats["memory_asked_bytes"] = self.memory.asked or 0  # what ComfyUI was told to make room for
         stats["held_on"] = self.held["devices"] if self.held else []
         if self.vace is not None:  # VACE-Fun: the VACE blocks it ran beside the main ones, and how
             stats["vace_hints"], stats["vace_block_forwards"] = self.vace.mode, self.vace.forwards

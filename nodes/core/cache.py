@@ -24,6 +24,24 @@ CALIBRATORS = ("none", "taylorseer", "dmd", "foca")
 # experts (tests/in_comfyui/test_cache_nodes.py). DMD keeps its fit in complex128 whatever the experts' dtype, so
 # on bf16 experts its share is larger still.
 HELD_PER_STREAM = {"none": 2, "taylorseer": 5, "dmd": 23, "foca": 5}
+
+
+def held_tensors(calibrator: str, vace: bool = False) -> int:
+    """The hidden-state-sized tensors a stage's cache holds per prompt stream: cache-dit's (HELD_PER_STREAM), and
+    with VACE's fresh hints the sum of the skipped blocks' hints (one more)."""
+    return HELD_PER_STREAM[calibrator] + (1 if vace else 0)
+
+
+def cache_bytes(*, tokens: int, width: int, itemsize: int, streams: int, batch: int, calibrator: str,
+                vace: bool = False, prompt_degree: int = 1, sequence_degree: int = 1) -> int:
+    """The bytes a stage's cache will hold, known before it samples: held_tensors of the hidden state's size
+    (`batch` latents x `tokens` x the model's `width`, at `itemsize` bytes) for each of `streams` prompt streams.
+    A worker of a parallel plan holds its share: its prompts (of `prompt_degree` groups) and its shard of the
+    sequence (of `sequence_degree`), the larger one where they do not divide."""
+    streams, tokens = -(-streams // prompt_degree), -(-tokens // sequence_degree)
+    return held_tensors(calibrator, vace) * streams * batch * tokens * width * itemsize
+
+
 # How a step is chosen for the cache:
 # - "error": each cached step's change to the final latent is estimated from what the run itself measures (the
 #   cache's miss at its computed steps, through the model's own output and CFG, per unit of the first blocks'

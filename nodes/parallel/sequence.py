@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import cache_dit_backend
+from ..cache_memory import SHARE as MEMORY_SHARE
 from ..cache_miss import SLOT as MISS_SLOT
 from ..block_forwards import SwappedForwards
 from ..core import parallel as core
@@ -122,6 +123,13 @@ class SequenceParallel:
         self.inner = None  # the MODEL's own attention override, if any, for the current call
 
     def attach(self, model, stage: str) -> None:
+        # every stage is split across the whole world: its prompts over the CFG mesh's two halves, each half
+        # cutting its prompt's sequence, or every worker cutting the sequence. This worker's cache holds its
+        # share, which it asks ComfyUI's memory management for (cache_memory.py)
+        prompts = core.PROMPTS if self.splits.get(stage) == "cfg" and core.PROMPTS in self.meshes else 1
+        model.model_options["transformer_options"] = {**model.model_options.get("transformer_options", {}),
+                                                      MEMORY_SHARE: {"prompts": prompts,
+                                                                     "sequence": self.world // prompts}}
         model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY,
                                    lambda executor, *a, **k: self.diffusion_model_call(stage, executor, *a, **k))
 

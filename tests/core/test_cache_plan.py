@@ -101,3 +101,16 @@ def test_a_forecast_read_at_a_computed_step_leaves_the_calibrator_as_it_was(kind
         for c in (read, unread):
             c.mark_step_begin()
         assert torch.equal(read.approximate(name="Bn"), unread.approximate(name="Bn"))
+
+
+def test_the_bytes_a_cache_will_hold_are_its_tensors_per_prompt_stream_and_a_workers_share_of_them():
+    unit = 75_600 * 5_120 * 2  # one hidden state of 720p, 81 frames, in bf16
+    common = dict(tokens=75_600, width=5_120, itemsize=2, batch=1)
+    assert C.cache_bytes(**common, streams=2, calibrator="none") == 2 * 2 * unit  # the README's 3.1 GB
+    assert C.cache_bytes(**common, streams=1, calibrator="taylorseer") == C.HELD_PER_STREAM["taylorseer"] * unit
+    assert C.cache_bytes(**common, streams=2, calibrator="none", vace=True) == 3 * 2 * unit  # VACE's fresh hints
+    assert C.cache_bytes(**{**common, "batch": 2}, streams=2, calibrator="none") == 2 * 2 * 2 * unit
+    # a worker's share: one prompt of the CFG split; the larger shard of a sequence the workers do not divide
+    assert C.cache_bytes(**common, streams=2, calibrator="none", prompt_degree=2) == 2 * unit
+    assert C.cache_bytes(tokens=9, width=1, itemsize=1, batch=1, streams=1, calibrator="none",
+                       sequence_degree=2) == 2 * 5

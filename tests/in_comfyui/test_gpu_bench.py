@@ -21,5 +21,8 @@ def test_the_gpu_benchmark_runs_every_variant_on_its_tiny_shape_and_writes_its_t
     assert all(r["seconds_per_step"] > 0 and r["speedups"] for r in rows.values())
     # at its explicit threshold these random experts cache (at the node's default they cache nothing)
     assert rows["ours_cachedit"]["cached_steps"]["high"] and rows["ours_cachedit"]["block_forward_ratio"] > 1
+    cached = rows["ours_cachedit"]  # the cache's memory: what it held, and what ComfyUI was asked to make room for
+    assert cached["cache_asked_bytes"] > 0 and abs(cached["cache_asked_bytes"] - cached["cache_held_bytes"]) <= \
+        0.1 * cached["cache_held_bytes"]
     assert results["split"] == [6, 2] and results["config"]["num_layers"] == 8
     assert f"| ours, Cache-DiT on at {results['config']['cache_threshold']:g} |" in run.stdout

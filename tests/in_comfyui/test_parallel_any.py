@@ -52,6 +52,10 @@ def test_a_sequence_the_workers_do_not_divide_equals_one_process_and_caches_as_i
     assert report["parallel"]["stage_splits"] == {"high": "ulysses", "low": "ulysses"}
     assert_caches_as_one_process(report, alone, 2)
     assert near_one_process(latent, alone_latent)
+    for stage in ("high", "low"):  # rank 0 asked ComfyUI for what its shard's cache held: 5 of the 9 tokens
+        one, ranked = alone["cache"][stage], report["cache"][stage]
+        assert ranked["memory_asked_bytes"] == one["memory_asked_bytes"] * 5 // 9 > 0
+        assert abs(ranked["memory_asked_bytes"] - ranked["held_bytes"]) <= 0.1 * ranked["held_bytes"]
 
 
 def test_fewer_tokens_than_workers_are_refused_by_name(comfyui, tiny_models, parallel_experts):
