@@ -10,8 +10,8 @@ default cache holds past prompts' outputs until RAM runs short, which is growth 
 run again at the end, is bit-identical. --prompts counts every prompt, the interrupted and invalid ones
 included (unless given, those are 2 and 3, at most a quarter of --prompts each), and must leave at least one
 valid prompt; fewer than 7 prompts leave a shorter warm-up, after which the RSS growth is reported but not
-judged. The cache-on prompts run at the shipped workflows' threshold 0.24
-(devtools/workflow_specs.CACHE_DEFAULTS), at which the random stand-in experts cache.
+judged. The cache-on prompts run with the threshold criterion at bench.run's 0.24 (random_weights_plan), at which
+the random stand-in experts cache.
 
 --quick is a smoke test of the script: 4 prompts (2 valid, 1 interrupted, 1 invalid), RSS not judged,
 written to endurance_quick.json.
@@ -37,7 +37,14 @@ HANG_GUARD_S = 1800  # each prompt takes seconds; the wait only guards against a
 def prompt(index: int, *, sampler="uni_pc", scheduler="simple", steps=6, flow_shift=5.0, boundary="auto", ratio=0.875,
            cache=True, experts="both", seed=0, size=(64, 64, 5)) -> dict:
     from devtools.standins import TEXT_FOLDER
-    from devtools.workflow_specs import CACHE_DEFAULTS
+    from bench.common import random_weights_plan
+    from bench.run import CACHE_THRESHOLD
+    from devtools.paths import import_pack
+
+    import_pack()
+    from wan22_cachedit.nodes.core import cache as core_cache
+
+    cache_inputs = random_weights_plan(core_cache, CACHE_THRESHOLD).node_inputs()
 
     high = HIGH if experts in ("both", "high") else "none"
     low = LOW if experts in ("both", "low") else "none"
@@ -52,7 +59,7 @@ def prompt(index: int, *, sampler="uni_pc", scheduler="simple", steps=6, flow_sh
                                                           "negative_prompt": "blurry"}},
         "4": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": width, "height": height, "length": length,
                                                                   "batch_size": 1}},
-        "6": {"class_type": "Wan22CacheDiT", "inputs": {"experts": ["1", 0], **CACHE_DEFAULTS, "enabled": cache}},
+        "6": {"class_type": "Wan22CacheDiT", "inputs": {"experts": ["1", 0], **cache_inputs, "enabled": cache}},
         "5": {"class_type": "Wan22TwoStageSampler",
               "inputs": {"experts": ["6", 0], "schedule": ["2", 0], "positive": ["3", 0], "negative": ["3", 1],
                          "latent_image": ["4", 0], "seed": seed, "cfg_high": 4.0, "cfg_low": 3.0}},

@@ -17,6 +17,7 @@ import urllib.request
 from .comfy_server import ComfyServer
 from .paths import ROOT
 from .standins import write_standins
+from .workflow_specs import CACHE_DEFAULTS, DEMO_TARGET
 
 DEMO_DIR = os.environ.get("WAN22_DEMO_DIR", os.path.join(ROOT, ".demo"))
 WORKFLOW = os.path.join(ROOT, "example_workflows", "api", "wan22_tiny_demo.json")
@@ -93,6 +94,9 @@ def main() -> int:
             if "cached_steps" in stats:
                 print(f"[demo] Cache-DiT on the {role}-noise expert: {len(stats['cached_steps'])} cached steps, "
                       f"{stats['block_forwards']} of {stats['block_forwards_without_cache']} block forwards computed")
+        print(f"[demo] its Cache-DiT node asks for error_target {DEMO_TARGET:g}, a target for random stand-ins only "
+              f"(at the node's default {CACHE_DEFAULTS['error_target']:g} they cache nothing); every other shipped "
+              "workflow carries the node's defaults")
         with urllib.request.urlopen(server.url + "/wan22/canvas", timeout=60) as r:  # what a canvas is told
             print(f"[demo] every canvas of this server is told: {json.load(r)['server_note']}")
         print(f"[demo] output folder: {out_dir}")

@@ -8,7 +8,7 @@ import pytest
 
 from devtools.browser import FIT_GRAPH_JS
 from devtools.paths import ROOT
-from devtools.workflow_specs import WORKFLOWS
+from devtools.workflow_specs import CACHE_DEFAULTS, WORKFLOWS
 
 from .canvas import (frontend_prompt, load, node_of, replies_handled, set_widget, status_of, wait_for, wait_for_status,
                      wait_until)
@@ -152,6 +152,23 @@ def test_a_workflow_saved_by_version_0_2_0_loads_with_its_values_in_place(page, 
     status, body = server.queue(prompt)
     assert status == 200 and body.get("node_errors") == {}, body
     server.wait(body["prompt_id"], timeout=1200)
+
+
+def test_a_workflow_shipped_by_0_7_0_keeps_its_threshold_cache_where_the_shipped_ones_now_carry_the_defaults(page):
+    """0.7.0 shipped its Cache-DiT nodes with the threshold criterion at 0.24 (warm-ups 4 and 2); a workflow saved
+    so keeps those values, in the canvas and in the prompt it queues, while the files shipped now carry the node's
+    measured defaults."""
+    old = {"enabled": True, "residual_diff_threshold": 0.24, "first_compute_blocks": 1, "last_compute_blocks": 0,
+           "max_continuous_cached_steps": 3, "high_warmup_steps": 4, "high_max_cached_steps": -1,
+           "low_warmup_steps": 2, "low_max_cached_steps": 20, "calibrator": "none", "criterion": "threshold",
+           "error_target": 0.0125}
+    load(page, saved("wan22_t2v_a14b_cachedit_0.7.0.json"))
+    assert widget_values(page, "Wan22CacheDiT") == old
+    cache = next(v for v in frontend_prompt(page).values() if v["class_type"] == "Wan22CacheDiT")["inputs"]
+    assert {k: v for k, v in cache.items() if k != "experts"} == old
+    now = next(v for v in shipped("wan22_t2v_a14b_cachedit", api=True).values()
+               if v["class_type"] == "Wan22CacheDiT")["inputs"]
+    assert {k: v for k, v in now.items() if k != "experts"} == CACHE_DEFAULTS
 
 
 def test_a_saved_custom_boundary_keeps_every_value_when_the_workflow_is_opened_again(page):

@@ -17,6 +17,7 @@ def test_the_demo_runs_the_shipped_workflow_and_writes_its_outputs(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     out = tmp_path / "output"
     assert f"output folder: {out}" in run.stdout and "tiny and random" in run.stdout
+    assert "a target for random stand-ins only" in run.stdout  # the demo says its cache setting is not a render's
     # its scope, in its log and on every canvas it serves (the canvas shows the server's note: test_frontend)
     assert run.stdout.count("only the demo workflow (example_workflows/wan22_tiny_demo.json) runs on it") == 2
     report = json.loads((out / "report.json").read_text())
