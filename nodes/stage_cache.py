@@ -21,6 +21,7 @@ import logging
 
 import comfy.patcher_extension
 
+from . import attention_route as route
 from . import cache_dit_backend
 from .block_forwards import SwappedForwards
 from .cache_memory import CacheMemory
@@ -173,6 +174,10 @@ class StageCache:
         self.misses = None  # ... and its measurement of the cache's miss (cache_miss.py)
         self.sigmas_of, self.sigmas = None, ()  # the sampling's sigmas tensor, and it as floats (read once)
         self.vace = None  # VACE-Fun's hints while the stage is cached (vace_hints.py)
+        self.evaluation = -1  # the evaluation in progress, counted from 0
+        self.route = None  # the attention route's identity at the last evaluation (attention_route.py), once asked
+        self.contexts = []  # (the evaluation it began at, its outcome) of each context a route change replaced
+        self.begun = 0  # the evaluation the stage's current context began at
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
@@ -233,7 +238,8 @@ class StageCache:
                     self.misses.install()
             counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
             out = executor(*args, **kwargs)
-            self.outcome = self.backend.outcome(self.diffusion_model) if self.installed else None
+            self.outcome = (route.merged(self.contexts + [(self.begun, self.backend.outcome(self.diffusion_model))])
+                            if self.installed else None)
             self.held = self.backend.held(self.diffusion_model) if self.installed else None
             if self.vace is not None:  # the fresh hints' sums beside cache-dit's buffers
                 vace = self.vace.held()
@@ -289,6 +295,7 @@ class StageCache:
             raise self.changed(f"an evaluation with the prompts {describe_calls([present])} where the stage began "
                                f"with {describe_calls([self.prompts])} (a guidance node that runs the model again?)")
         self.calls_now = []
+        self.evaluation += 1
         if self.misses is not None:
             self.misses.begin()
         out = executor(*args, **kwargs)
@@ -326,6 +333,8 @@ class StageCache:
                                                    f"step had {describe_calls(self.pattern or calls)} (ComfyUI "
                                                    "batches the prompts by free memory, which changed)")
         calls.append(order)
+        if self.installed and self.plan.calibrator != "none" and len(calls) == 1:
+            self.follow_route(options, call_argument(executor, args, kwargs, "x"))
         if self.allowance is not None:  # the call's sigma, and the sampling's, as ComfyUI's sampling marks them
             self.allowance.at(float(options["sigmas"].reshape(-1)[0]),
                               self.sampling_sigmas(options.get("sample_sigmas")))
@@ -342,6 +351,16 @@ class StageCache:
         if slot is not None:
             self.misses.called(slot, order, out)
         return out
+
+    def follow_route(self, options: dict, x) -> None:
+        """A forecast is not carried across a change of the attention route (attention_route.py): where the route
+        of this evaluation cannot be vouched for, or is not the last one's, a fresh context before its first call."""
+        identity = route.route_identity(options, self.diffusion_model, x)
+        if identity is None or (self.route is not None and identity != self.route):
+            self.contexts.append((self.begun, self.backend.outcome(self.diffusion_model)))
+            self.backend.refresh(self.diffusion_model, self.plan, self.role, self.cfg_batching == "separate")
+            self.begun = self.evaluation
+        self.route = identity
 
     def sampling_sigmas(self, sigmas) -> tuple[float, ...]:
         """The sampling's sigmas as floats: read from the tensor once per sampling (one device read), not on every
@@ -403,6 +422,8 @@ class StageCache:
         stats["held_bytes"] = self.held["bytes"] if self.held else 0
         stats["memory_asked_bytes"] = self.memory.asked or 0  # what ComfyUI was told to make room for
         stats["held_on"] = self.held["devices"] if self.held else []
+        if self.contexts:  # evaluations whose attention route changed (or was not vouched for): a fresh forecast
+            stats["fresh_forecasts"] = [begun for begun, _ in self.contexts[1:]] + [self.begun]
         if self.vace is not None:  # VACE-Fun: the VACE blocks it ran beside the main ones, and how
             stats["vace_hints"], stats["vace_block_forwards"] = self.vace.mode, self.vace.forwards
         return stats

@@ -114,3 +114,27 @@ def test_the_bytes_a_cache_will_hold_are_its_tensors_per_prompt_stream_and_a_wor
     assert C.cache_bytes(**common, streams=2, calibrator="none", prompt_degree=2) == 2 * unit
     assert C.cache_bytes(tokens=9, width=1, itemsize=1, batch=1, streams=1, calibrator="none",
                        sequence_degree=2) == 2 * 5
+
+
+def test_the_attention_routes_identity_is_every_policys_or_none_and_contexts_merge_into_the_stages_steps():
+    from types import SimpleNamespace
+
+    from wan22_cachedit.nodes import attention_route as R
+
+    model, x = SimpleNamespace(patch_size=(1, 2, 2)), SimpleNamespace(shape=(1, 16, 2, 4, 4))
+    assert R.route_identity({}, model, x) == R.NONE  # nothing published: one route
+    seen = []
+
+    def policy(*, layout, options, model):
+        seen.append(layout.seq_len)
+        return ("dense",)
+    assert R.route_identity({R.POLICIES: {"b": policy, "a": lambda **_: ("x",)}}, model, x) == \
+        (("a", ("x",)), ("b", ("dense",)))
+    assert seen == [2 * 2 * 2]
+    assert R.route_identity({R.POLICIES: {"a": policy, "b": lambda **_: None}}, model, x) is None
+    assert R.route_identity({R.POLICIES: {"a": lambda **_: 1 / 0}}, model, x) is None  # raised: vouches for nothing
+    assert R.route_identity({R.POLICIES: ["not", "the", "contract"]}, model, x) is None
+    first = {"cached_steps": [1, 2], "cfg_cached_steps": [], "residual_diffs": {"1": 0.1, "2": 0.2}}
+    second = {"cached_steps": [1], "cfg_cached_steps": [1], "residual_diffs": {"1": 0.3}}
+    assert R.merged([(0, first), (5, second)]) == {"cached_steps": [1, 2, 6], "cfg_cached_steps": [6],
+                                                   "residual_diffs": {"1": 0.1, "2": 0.2, "6": 0.3}}

@@ -3,7 +3,7 @@ override (transformer_options["optimized_attention_override"], as sage/flash att
 block replace patch (patches_replace dit double_block i, as block-level guidance nodes install). Registered
 into the in-process ComfyUI by the `probe_nodes` fixture."""
 
-RECORDED = {"attention": [], "replace": []}
+RECORDED = {"attention": [], "replace": [], "route": []}
 
 
 class RecordAttention:
@@ -59,4 +59,32 @@ class ReplaceBlock:
         return (clone,)
 
 
-NODES = {"Wan22TestRecordAttention": RecordAttention, "Wan22TestReplaceBlock": ReplaceBlock}
+class RouteHistory:
+    """A newer ComfyUI's attention-route history contract (transformer_options["attention_backend_history_v1"]:
+    provider -> policy(layout=, options=, model=) -> the route's identity or None), as its sparse-attention node
+    publishes it: "switch" names a dense route above `sigma` and a sparse one below (its sigma window), "same" one
+    route throughout, "none" vouches for no route. Records (sigma, identity) of each question."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "mode": (["switch", "same", "none"],),
+                             "sigma": ("FLOAT", {"default": 0.95, "min": 0.0, "max": 1.0, "step": 0.001})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, mode, sigma):
+        def policy(*, layout, options, model):
+            at = float(options["sigmas"].reshape(-1)[0])
+            identity = {"switch": ("dense",) if at > sigma else ("sparse",), "same": ("dense",), "none": None}[mode]
+            RECORDED["route"].append((round(at, 4), identity, layout.seq_len))
+            return identity
+
+        clone = model.clone()
+        clone.model_options["transformer_options"]["attention_backend_history_v1"] = {"probe_attention": policy}
+        return (clone,)
+
+
+NODES = {"Wan22TestRecordAttention": RecordAttention, "Wan22TestReplaceBlock": ReplaceBlock,
+         "Wan22TestRouteHistory": RouteHistory}

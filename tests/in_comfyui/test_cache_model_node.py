@@ -134,3 +134,45 @@ def test_the_model_node_in_a_stack_honours_an_attention_override_and_refuses_ano
     message = result.execution_error()["exception_message"]
     assert message.startswith("enabled: the MODEL is also run by ComfyUI's EasyCache or LazyCache")
     assert "set enabled to false on the Wan2.2 Cache-DiT (MODEL) node" in message
+
+
+def test_a_forecast_is_not_carried_across_a_change_of_the_attention_route(comfyui, tiny_models, probe_nodes):
+    """A newer ComfyUI's attention nodes publish the route each call takes (attention_backend_history_v1; a
+    stand-in policy here): with TaylorSeer, the evaluation where the route changes starts a fresh forecast
+    (computed, its calibrator empty); a route that holds changes nothing; a route nobody vouches for is never
+    forecast."""
+    from .prompts import on_each_expert
+
+    stage_cache = comfyui.pack("nodes.stage_cache")
+    taylor = {"criterion": "threshold", "residual_diff_threshold": 0.9, "warmup_steps": 1, "calibrator": "taylorseer"}
+
+    def run(mode=None, sigma=0.0):
+        prompt = template(tiny_models, 10)
+        if mode is not None:
+            prompt = on_each_expert(prompt, "Wan22TestRouteHistory", mode=mode, sigma=sigma)
+        executor = comfyui.new_executor()
+        probe_nodes["route"].clear()
+        run_ok(comfyui, with_model_caches(prompt, high=taylor, low=taylor), executor)
+        stats = {}
+        for role, shift_id in (("high", "14"), ("low", "15")):
+            model = comfyui.cached_output(shift_id, executor)[0][0]
+            stats[role] = model.wrappers[stage_cache.WrappersMP.SAMPLER_SAMPLE][stage_cache.KEY][0].__self__ \
+                .last_statistics
+        return latent_of(comfyui, FINAL["native"], executor), stats, list(probe_nodes["route"])
+
+    plain, plain_stats, _ = run()
+    assert plain_stats["high"]["cached_steps"] and "fresh_forecasts" not in plain_stats["high"]
+    same, same_stats, asked = run("same")
+    assert torch.equal(same, plain) and same_stats == plain_stats  # a route that holds changes nothing
+    assert len(asked) == plain_stats["high"]["evaluations"] + plain_stats["low"]["evaluations"]
+    assert {tokens for _, _, tokens in asked} == {2 * 2}  # the layout: one 4 x 4 latent frame in 2 x 2 patches
+    high_sigmas = [sigma for sigma, _, _ in asked[:plain_stats["high"]["evaluations"]]]
+    switch = (high_sigmas[4] + high_sigmas[5]) / 2  # dense for the high stage's first five evaluations
+    switched, switched_stats, _ = run("switch", switch)
+    assert switched_stats["high"]["fresh_forecasts"] == [5] and 5 not in switched_stats["high"]["cached_steps"]
+    assert "fresh_forecasts" not in switched_stats["low"]  # sparse throughout
+    assert switched_stats["high"]["cached_steps"] and not torch.equal(switched, plain)
+    _, unvouched, _ = run("none")
+    for role in ("high", "low"):
+        assert unvouched[role]["cached_steps"] == []
+        assert unvouched[role]["fresh_forecasts"] == list(range(unvouched[role]["evaluations"]))
