@@ -3,7 +3,7 @@ override (transformer_options["optimized_attention_override"], as sage/flash att
 block replace patch (patches_replace dit double_block i, as block-level guidance nodes install). Registered
 into the in-process ComfyUI by the `probe_nodes` fixture."""
 
-RECORDED = {"attention": [], "replace": [], "route": []}
+RECORDED = {"attention": [], "replace": [], "route": [], "reinstalled": []}
 
 
 class RecordAttention:
@@ -86,5 +86,37 @@ class RouteHistory:
         return (clone,)
 
 
+class ReinstallingAttention:
+    """An attention override that puts itself back on top at every step, as a newer ComfyUI's sparse attention
+    node does: an ON_PREPARE_STATE callback (ComfyUI calls it before each evaluation) puts it back where another
+    override is on top. Records each call of the callback."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model):
+        import comfy.patcher_extension
+
+        def override(func, *args, **kwargs):
+            return func(*args, **kwargs)
+
+        def on_top(patcher, timestep, model_options):
+            RECORDED["reinstalled"].append(float(timestep.reshape(-1)[0]))
+            options = model_options.setdefault("transformer_options", {})
+            if options.get("optimized_attention_override") is not override:
+                options["optimized_attention_override"] = override
+
+        clone = model.clone()
+        clone.model_options["transformer_options"]["optimized_attention_override"] = override
+        clone.add_callback_with_key(comfy.patcher_extension.CallbacksMP.ON_PREPARE_STATE, "block_sparse_attention",
+                                    on_top)
+        return (clone,)
+
+
 NODES = {"Wan22TestRecordAttention": RecordAttention, "Wan22TestReplaceBlock": ReplaceBlock,
-         "Wan22TestRouteHistory": RouteHistory}
+         "Wan22TestRouteHistory": RouteHistory, "Wan22TestReinstallingAttention": ReinstallingAttention}

@@ -291,6 +291,22 @@ def test_a_model_patch_the_workers_cannot_rebuild_is_refused_by_name(comfyui, ti
     assert not probe_nodes["replace"], "nothing may run before the refusal"
 
 
+def test_an_attention_override_that_puts_itself_back_on_top_each_step_is_refused_by_name(comfyui, tiny_models,
+                                                                                        parallel_experts, probe_nodes):
+    """A newer ComfyUI's sparse attention node re-installs its override on top at every step (ON_PREPARE_STATE),
+    where the split's own attention would have to wrap it: the plan refuses the callback by name before any worker
+    runs, and the same graph without the plan runs, the override put back each step."""
+    high, low = parallel_experts[("t2v", "high")], parallel_experts[("t2v", "low")]
+    prompt = P.our_prompt(P.on_each_expert(P.bridged(high, low), "Wan22TestReinstallingAttention"),
+                          P.text_folder(tiny_models), **RUN)
+    message = P.failed_at_run(comfyui, with_plan(prompt))
+    assert "carries model patches the workers cannot rebuild" in message, message
+    assert "on_prepare_state callback block_sparse_attention" in message, message
+    assert not probe_nodes["reinstalled"], "nothing may run before the refusal"
+    P.run_ok(comfyui, prompt)
+    assert probe_nodes["reinstalled"]
+
+
 def test_an_attention_override_on_the_model_is_the_splits_inner_attention_equal_to_one_process(
         comfyui, tiny_models, parallel_experts, probe_nodes, tmp_path):
     """The override (one that scales each block's attention differently, as sage or flash attention nodes put
