@@ -62,6 +62,22 @@ def test_every_native_text_workflow_runs_end_to_end(native_text_server, name):
     assert report["steps"] == 8 and sum(report["split"].values()) == 8
 
 
+def test_a_workflow_as_0_7_0_shipped_it_still_runs_with_its_threshold(native_text_server):
+    """The text-to-video API workflow as 0.7.0 shipped it (its Cache-DiT node at the threshold criterion, 0.24,
+    warm-ups 4 and 2; the shipped one now carries the node's defaults), at a tiny size: it runs with its values."""
+    with open(os.path.join(os.path.dirname(__file__), "saved", "wan22_t2v_a14b_cachedit_0.7.0_api.json"),
+              encoding="utf-8") as f:
+        saved = json.load(f)
+    cache = next(v for v in saved.values() if v["class_type"] == "Wan22CacheDiT")["inputs"]
+    assert (cache["criterion"], cache["residual_diff_threshold"]) == ("threshold", 0.24)
+    entry = run_prompt(native_text_server, with_tiny_size(saved))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    report = report_in_history(entry)
+    for role in ("high", "low"):
+        assert report["cache"][role]["criterion"] == "threshold" and report["cache"][role]["threshold"] == 0.24
+    assert report["cache"]["plan"].startswith("high DBCache_F1B0_W4I1M0MC3_R0.24")
+
+
 def test_the_lightx2v_template_set_up_splits_two_and_two_with_its_loras_on_the_template_files(native_text_server):
     """ComfyUI's own Wan2.2 14B T2V template, 4-step LightX2V LoRAs: its own loader and LoRA nodes feed our
     bridge, and the switch comes from the boundary (0.875 -> 2 / 2), on stand-ins named as its files."""
