@@ -20,6 +20,7 @@ from .core.parallel import latent_tokens
 
 POLICIES = "attention_backend_history_v1"
 NONE = ()  # the identity of a stage with no policies published: one route throughout
+UNASKED = object()  # a stage's route before its first evaluation (None is a route no policy vouches for)
 
 
 def route_identity(options: dict, diffusion_model, x) -> tuple | None:

@@ -175,7 +175,7 @@ class StageCache:
         self.sigmas_of, self.sigmas = None, ()  # the sampling's sigmas tensor, and it as floats (read once)
         self.vace = None  # VACE-Fun's hints while the stage is cached (vace_hints.py)
         self.evaluation = -1  # the evaluation in progress, counted from 0
-        self.route = None  # the attention route's identity at the last evaluation (attention_route.py), once asked
+        self.route = route.UNASKED  # the attention route's identity at the last evaluation (attention_route.py)
         self.contexts = []  # (the evaluation it began at, its outcome) of each context a route change replaced
         self.begun = 0  # the evaluation the stage's current context began at
 
@@ -356,7 +356,7 @@ class StageCache:
         """A forecast is not carried across a change of the attention route (attention_route.py): where the route
         of this evaluation cannot be vouched for, or is not the last one's, a fresh context before its first call."""
         identity = route.route_identity(options, self.diffusion_model, x)
-        if identity is None or (self.route is not None and identity != self.route):
+        if identity is None or (self.route is not route.UNASKED and identity != self.route):
             self.contexts.append((self.begun, self.backend.outcome(self.diffusion_model)))
             self.backend.refresh(self.diffusion_model, self.plan, self.role, self.cfg_batching == "separate")
             self.begun = self.evaluation

@@ -63,11 +63,12 @@ class RouteHistory:
     """A newer ComfyUI's attention-route history contract (transformer_options["attention_backend_history_v1"]:
     provider -> policy(layout=, options=, model=) -> the route's identity or None), as its sparse-attention node
     publishes it: "switch" names a dense route above `sigma` and a sparse one below (its sigma window), "same" one
-    route throughout, "none" vouches for no route. Records (sigma, identity) of each question."""
+    route throughout, "none" vouches for no route, "none_then_dense" for none above `sigma`. Records (sigma,
+    identity, tokens) of each question."""
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",), "mode": (["switch", "same", "none"],),
+        return {"required": {"model": ("MODEL",), "mode": (["switch", "same", "none", "none_then_dense"],),
                              "sigma": ("FLOAT", {"default": 0.95, "min": 0.0, "max": 1.0, "step": 0.001})}}
 
     RETURN_TYPES = ("MODEL",)
@@ -77,7 +78,8 @@ class RouteHistory:
     def patch(self, model, mode, sigma):
         def policy(*, layout, options, model):
             at = float(options["sigmas"].reshape(-1)[0])
-            identity = {"switch": ("dense",) if at > sigma else ("sparse",), "same": ("dense",), "none": None}[mode]
+            identity = {"switch": ("dense",) if at > sigma else ("sparse",), "same": ("dense",), "none": None,
+                        "none_then_dense": None if at > sigma else ("dense",)}[mode]
             RECORDED["route"].append((round(at, 4), identity, layout.seq_len))
             return identity
 

@@ -172,6 +172,9 @@ def test_a_forecast_is_not_carried_across_a_change_of_the_attention_route(comfyu
     assert switched_stats["high"]["fresh_forecasts"] == [5] and 5 not in switched_stats["high"]["cached_steps"]
     assert "fresh_forecasts" not in switched_stats["low"]  # sparse throughout
     assert switched_stats["high"]["cached_steps"] and not torch.equal(switched, plain)
+    _, vouched_later, _ = run("none_then_dense", switch)  # the first vouched route starts afresh too
+    assert vouched_later["high"]["fresh_forecasts"] == [0, 1, 2, 3, 4, 5]
+    assert min(vouched_later["high"]["cached_steps"]) > 5
     _, unvouched, _ = run("none")
     for role in ("high", "low"):
         assert unvouched[role]["cached_steps"] == []
