@@ -9,8 +9,8 @@ transformer call per step, so that the four runs fit in about eight minutes on a
 per step, the speed-up against the native graph (the ratio of neighbouring runs within a round; the median
 over rounds is reported), the relative L2 and PSNR of the latent against the native one, the peak GPU
 memory (cache on and off), and for the cached run the most a stage's cache held and asked ComfyUI's memory
-management to make room for. Prints a table and writes bench/results/gpu.json. The weights are random: the errors say how far
-caching moves this run, not how a real video looks.
+management to make room for. Prints a table and writes bench/results/gpu.json. The weights are random: the
+errors say how far caching moves this run, not how a real video looks.
 
 Cache-DiT runs at an explicit threshold, CACHE_THRESHOLD (0.9) unless `--threshold` says otherwise: random
 experts do not denoise, and at the node's default (0.05, chosen on the trained test bed) they cache nothing, so

@@ -209,6 +209,14 @@ def cache_model_node(model_from, **overrides):
                                                               **overrides}}
 
 
+def model_node_statistics(comfyui, node: str, executor=None) -> dict:
+    """What the Cache-DiT (MODEL) node's cache did in the last sample call of the MODEL node `node` returned (its
+    stage cache's last_statistics, read off the SAMPLER_SAMPLE wrapper it put on that MODEL)."""
+    stage_cache = comfyui.pack("nodes.stage_cache")
+    model = comfyui.cached_output(node, executor)[0][0]
+    return model.wrappers[stage_cache.WrappersMP.SAMPLER_SAMPLE][stage_cache.KEY][0].__self__.last_statistics
+
+
 def with_model_caches(native: dict, high: dict | None = None, low: dict | None = None) -> dict:
     """The template's graph with a Cache-DiT MODEL node ("60" high, "61" low) between each expert's MODEL
     (after its LoRA) and its ModelSamplingSD3; None leaves an expert without one."""

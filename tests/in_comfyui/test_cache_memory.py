@@ -4,8 +4,8 @@ what the cache then held, nothing is asked with the cache off, and nothing of it
 
 import pytest
 
-from .prompts import (cache_node, expert_files, loader, native_prompt, our_prompt, report_of, run_ok, text_folder,
-                      with_model_caches)
+from .prompts import (cache_node, expert_files, loader, model_node_statistics, native_prompt, our_prompt, report_of,
+                      run_ok, text_folder, with_model_caches)
 
 THRESHOLD = {"criterion": "threshold", "residual_diff_threshold": 0.9, "high_warmup_steps": 1,
              "low_warmup_steps": 1}  # caches on these random experts
@@ -95,11 +95,8 @@ def test_the_model_node_in_the_templates_graph_asks_for_its_bytes_too(comfyui, t
     settings = {"criterion": "threshold", "residual_diff_threshold": 0.9, "warmup_steps": 1}
     run_ok(comfyui, with_model_caches(native, high=settings, low=settings))
     assert len(alone) == len(asked) == 2
-    stage_cache = comfyui.pack("nodes.stage_cache")
     for (base, base_min), (more, more_min), shift_id in zip(alone, asked, ("14", "15"), strict=True):
-        model = comfyui.cached_output(shift_id)[0][0]
-        wrapper = model.wrappers[stage_cache.WrappersMP.SAMPLER_SAMPLE][stage_cache.KEY][0]
-        stats = wrapper.__self__.last_statistics
+        stats = model_node_statistics(comfyui, shift_id)
         assert stats["cached_steps"] and stats["memory_asked_bytes"] > 0
         assert more - base == pytest.approx(stats["memory_asked_bytes"])
         assert more_min - base_min == pytest.approx(stats["memory_asked_bytes"])

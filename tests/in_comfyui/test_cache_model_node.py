@@ -141,9 +141,8 @@ def test_a_forecast_is_not_carried_across_a_change_of_the_attention_route(comfyu
     stand-in policy here): with TaylorSeer, the evaluation where the route changes starts a fresh forecast
     (computed, its calibrator empty); a route that holds changes nothing; a route nobody vouches for is never
     forecast."""
-    from .prompts import on_each_expert
+    from .prompts import model_node_statistics, on_each_expert
 
-    stage_cache = comfyui.pack("nodes.stage_cache")
     taylor = {"criterion": "threshold", "residual_diff_threshold": 0.9, "warmup_steps": 1, "calibrator": "taylorseer"}
 
     def run(mode=None, sigma=0.0):
@@ -153,11 +152,8 @@ def test_a_forecast_is_not_carried_across_a_change_of_the_attention_route(comfyu
         executor = comfyui.new_executor()
         probe_nodes["route"].clear()
         run_ok(comfyui, with_model_caches(prompt, high=taylor, low=taylor), executor)
-        stats = {}
-        for role, shift_id in (("high", "14"), ("low", "15")):
-            model = comfyui.cached_output(shift_id, executor)[0][0]
-            stats[role] = model.wrappers[stage_cache.WrappersMP.SAMPLER_SAMPLE][stage_cache.KEY][0].__self__ \
-                .last_statistics
+        stats = {role: model_node_statistics(comfyui, shift_id, executor)
+                 for role, shift_id in (("high", "14"), ("low", "15"))}
         return latent_of(comfyui, FINAL["native"], executor), stats, list(probe_nodes["route"])
 
     plain, plain_stats, _ = run()
