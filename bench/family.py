@@ -53,7 +53,7 @@ from bench.run import rel_l2
 CASES = [(101, 1), (202, 4), (303, 6)]  # (seed, class); the control's start follows from them (testbed)
 TARGETS = (0.005, 0.0125, 0.025, 0.05, 0.1)  # error targets swept with each design (the default among them)
 DESIGNS = ("fresh", "cached")
-CHOSEN = "fresh"  # the pack's (StageCache.vace_hints)
+CHOSEN = "fresh"  # the pack's (vace_hints.for_stage, unless a MODEL asks otherwise)
 A14B_SHARES = (40 / 48, 8 / 48)  # VACE-Fun A14B's main and VACE blocks, as shares of all its blocks
 KINDS = ("vace", "ti2v")  # the family's beds (devtools/testbed/ FAMILY)
 KEEP = 0.9  # the share of native's control fidelity the pack's design keeps at the defaults
@@ -112,7 +112,7 @@ def measure_steps(runs, counters: tuple, steps: int, quick: bool, log) -> dict:
 
     run = {**RUNS[steps], "steps": steps}
     world, size, vace_bed = runs.world, runs.bed.config.measured, runs.bed.config.vace
-    stage_cache = runs.comfy.pack("nodes.stage_cache").StageCache
+    mode_key = runs.comfy.pack("nodes.vace_hints").MODE_KEY
     main, vace = counters
     named = points(runs, Methods(runs.comfy), quick)
     rows = {name: {"rel_l2": [], "cost": [], "a14b_cost": [], "fidelity": []} for name in ("native", *named)}
@@ -123,14 +123,11 @@ def measure_steps(runs, counters: tuple, steps: int, quick: bool, log) -> dict:
         native = None
         for name in ("native", *named):
             design, _label, patch = named.get(name, (None, None, None))
-            stage_cache.vace_hints = design or CHOSEN
             main.count = 0
             if vace is not None:
                 vace.count = 0
-            try:
-                latent = runs.run(run, seed, cls, patch, control=control)
-            finally:
-                stage_cache.vace_hints = CHOSEN
+            latent = runs.run(run, seed, cls, patch if design is None else with_hints(patch, mode_key, design),
+                              control=control)
             blocks = (main.count, vace.count if vace is not None else 0)
             if native is None:
                 native, native_blocks = latent, blocks
@@ -150,6 +147,16 @@ def measure_steps(runs, counters: tuple, steps: int, quick: bool, log) -> dict:
                         "a14b_cost": statistics.median(r["a14b_cost"]) if r["a14b_cost"] else None,
                         "fidelity": statistics.mean(r["fidelity"]) if r["fidelity"] else None, "per_case": r}
                        for name, r in rows.items()]}
+
+
+def with_hints(patch, key: str, design: str):
+    """`patch` (a cache node on each expert), its MODEL then asking the cached stages for `design`'s VACE hints
+    (on a clone: the MODEL the patch gave is not changed)."""
+    def patched(role, model):
+        clone = patch(role, model).clone()
+        clone.model_options["transformer_options"][key] = design
+        return clone
+    return patched
 
 
 def undominated(points: list, design: str, cost: str = "a14b_cost") -> list:

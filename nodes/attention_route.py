@@ -6,10 +6,11 @@ numerical route the call will take (its dense or sparse phase, its kernels); Non
 vouched for. A forecast made from computed steps of one route must not be carried into another: a change of
 identity, or no identity, must start the forecast afresh from steps computed on the new route.
 
-So, with a calibrator, the stage asks the policies at the first call of each evaluation; where the identity is
-None or differs from the last one, the stage's cache context is replaced by a fresh one before the call (its
-calibrator empty, its warm-up computing the call): the forecast restarts from an anchor computed on this route.
-With no policies published, nothing is asked and nothing changes.
+So, with a calibrator, the stage asks the policies at the first call of each evaluation (`RouteFollow`, the
+calibrator's part of the stage: stage_parts.py); where the identity is None or differs from the last one, the
+stage's cache context is replaced by a fresh one before the call (its calibrator empty, its warm-up computing the
+call): the forecast restarts from an anchor computed on this route. With no policies published, nothing is asked
+and nothing changes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from .core.parallel import latent_tokens
+from .stage_parts import Call, Part
 
 POLICIES = "attention_backend_history_v1"
 NONE = ()  # the identity of a stage with no policies published: one route throughout
@@ -56,3 +58,37 @@ def merged(parts: list[tuple[int, dict]]) -> dict:
     out["cached_steps"].sort()
     out["cfg_cached_steps"].sort()
     return out
+
+
+class RouteFollow(Part):
+    """A calibrator's stage following the attention route: a fresh context wherever the route of an evaluation is
+    unvouched or changed; the contexts' outcomes merged into the stage's, and where each fresh forecast began
+    (`fresh_forecasts`) in its report. `separate()`: whether the stage runs its prompts in separate calls."""
+
+    def __init__(self, backend, diffusion_model, plan, role: str, separate):
+        self.backend, self.model, self.plan, self.role, self.separate = backend, diffusion_model, plan, role, separate
+        self.route = UNASKED  # the route's identity at the last evaluation
+        self.contexts = []  # (the evaluation it began at, its outcome) of each context a route change replaced
+        self.begun = 0  # the evaluation the stage's current context began at
+        self.evaluation = -1  # the evaluation in progress, counted from 0
+
+    def begin_evaluation(self) -> None:
+        self.evaluation += 1
+
+    def before(self, call: Call) -> None:
+        if not call.first:
+            return
+        identity = route_identity(call.options, self.model, call.argument("x"))
+        if identity is None or (self.route is not UNASKED and identity != self.route):
+            self.contexts.append((self.begun, self.backend.outcome(self.model)))
+            self.backend.refresh(self.model, self.plan, self.role, self.separate())
+            self.begun = self.evaluation
+        self.route = identity
+
+    def outcome(self, outcome: dict) -> dict:
+        return merged(self.contexts + [(self.begun, outcome)])
+
+    def statistics(self) -> dict:
+        if not self.contexts:
+            return {}
+        return {"fresh_forecasts": [begun for begun, _ in self.contexts[1:]] + [self.begun]}

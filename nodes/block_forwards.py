@@ -3,8 +3,10 @@ block objects stay those ComfyUI holds (and so does any wrapper around them, e.g
 
 from __future__ import annotations
 
+from .stage_parts import Part
 
-class SwappedForwards:
+
+class SwappedForwards(Part):
     """`make(i, total, inner)` gives block i's forward while installed; `inner` is the forward it had (its own
     instance `forward` if it had one, else its class's). `remove` puts back exactly what each block had."""
 

@@ -8,6 +8,9 @@ steps with. core.cache.ErrorAllowance needs it as a share of the latent the run 
 (the space every relative L2 the pack states is measured in): the miss through the latent format's per-channel
 scale, over the evaluation's prediction of the final latent (its denoised latent, through the latent format).
 
+`ErrorCriterion` is the criterion's part of a cached stage (stage_parts.py): cache-dit decides each call by what is
+left of the stage's allowance (core.cache.ErrorAllowance), and the allowance hears each computed evaluation's miss.
+
 Each transformer call carries a slot in its transformer_options (SLOT): the forecast's difference goes in as
 "delta", the head's miss as "output". A split of the call over several workers (the parallel plan) gathers them
 as it gathers the hidden state and the output, so every worker measures the whole call's miss. Nothing is
@@ -17,6 +20,8 @@ installed outside the stage: the head hook and the forecast watch come off in `r
 from __future__ import annotations
 
 import torch
+
+from .stage_parts import Call, Part
 
 SLOT = "wan22_cache_miss"  # transformer_options key: this call's {"delta": hidden, "output": head's miss}
 
@@ -118,3 +123,56 @@ class MissWatch:
         # the head once more, on the hidden state the cache would have handed it (its forward: no hooks again)
         slot["output"] = head.forward(args[0] + delta.to(args[0].dtype), *args[1:]) - output
         slot["delta"] = None
+
+
+class ErrorCriterion(Part):
+    """The error criterion on a cached stage: cache-dit (`backend`) caches a call while what is left of
+    `allowance` (core.cache.ErrorAllowance) over the call's estimate allows, and the allowance hears the miss of
+    every computed evaluation (MissWatch). `separate()`: whether the stage runs its prompts in separate calls
+    (each then half an evaluation)."""
+
+    def __init__(self, backend, diffusion_model, allowance, cfg: float, latent_format, separate):
+        self.backend, self.model, self.allowance, self.separate = backend, diffusion_model, allowance, separate
+        self.misses = MissWatch(diffusion_model, backend, cfg, latent_format, allowance.missed)
+        self.undo = None
+        self.slot = None  # the call in progress's
+        self.sigmas_of, self.sigmas = None, ()  # the sampling's sigmas tensor, and it as floats (read once)
+
+    def install(self) -> None:
+        self.undo = self.backend.decide_by(self.model, self.allowance.threshold, self.seen)
+        self.misses.install()
+
+    def remove(self) -> None:
+        if self.undo is not None:
+            self.undo()
+        self.undo = None
+        self.misses.remove()
+
+    def seen(self, diff: float, cached: bool) -> None:
+        """A call's comparison: with separate CFG, each call is half an evaluation."""
+        self.allowance.seen(diff, cached, 0.5 if self.separate() else 1.0)
+        self.misses.compared(diff)
+
+    def begin_evaluation(self) -> None:
+        self.misses.begin()
+
+    def end_evaluation(self) -> None:
+        self.misses.end()
+
+    def before(self, call: Call) -> None:
+        # the call's sigma, and the sampling's, as ComfyUI's sampling marks them
+        self.allowance.at(float(call.options["sigmas"].reshape(-1)[0]),
+                          self.sampling_sigmas(call.options.get("sample_sigmas")))
+        self.slot = self.misses.call(call.options, call.argument("x"))
+
+    def after(self, call: Call, out) -> None:
+        self.misses.called(self.slot, call.order, out)
+
+    def sampling_sigmas(self, sigmas) -> tuple[float, ...]:
+        """The sampling's sigmas as floats: read from the tensor once per sampling (one device read), not on every
+        transformer call."""
+        if sigmas is None:
+            return ()
+        if sigmas is not self.sigmas_of:
+            self.sigmas_of, self.sigmas = sigmas, tuple(sigmas.reshape(-1).tolist())
+        return self.sigmas

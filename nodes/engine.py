@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import nodes as comfyui_nodes
 
 from .core import cache as cache_core
+from .core.architecture import SINGLE
 from .core.errors import Wan22InputError
 from .core.report import RunRecord, StepRecord
 from .core.schedule import RunSchedule
@@ -82,6 +83,12 @@ def plan_stages(experts, schedule: RunSchedule, cfg: dict[str, float], lead_mode
     return stages
 
 
+def cache_role(experts, stage: Stage) -> str:
+    """Whose settings of the Cache-DiT node a stage's cache takes: its expert's; a single transformer (TI2V-5B)
+    has one role, the high-noise expert's settings, whichever input it came through."""
+    return "high" if experts.task == SINGLE else stage.role
+
+
 def run_stage(stage: Stage, sampler: str, scheduler: str, positive, negative, latent: dict, seed: int) -> dict:
     """One stage exactly as a KSamplerAdvanced runs it: ComfyUI's own common_ksampler, which computes the
     sigmas from the clone's model sampling (StageCalls checks they are the stage's). It takes no callback,
@@ -122,8 +129,8 @@ def sample(experts, schedule: RunSchedule, positive, negative, latent: dict, see
     for stage in stages:
         calls = StageCalls(stage.name, stage.sigmas)
         calls.attach(stage.model)
-        cache = (StageCache(plan, stage.role, stage.name, calls=calls, share=shares[stage.name]) if plan is not None
-                 else None)
+        cache = (StageCache(plan, cache_role(experts, stage), stage.name, calls=calls, share=shares[stage.name])
+                 if plan is not None else None)
         if cache is not None:
             cache.attach(stage.model)
         if attach is not None:

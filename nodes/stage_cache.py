@@ -21,16 +21,15 @@ import logging
 
 import comfy.patcher_extension
 
-from . import attention_route as route
-from . import cache_dit_backend
+from . import cache_dit_backend, stage_parts, vace_hints
+from .attention_route import RouteFollow
 from .block_forwards import SwappedForwards
 from .cache_memory import CacheMemory
-from .cache_miss import MissWatch
+from .cache_miss import ErrorCriterion
 from .core import cache as core
 from .core.errors import Wan22InputError
 from .core.schedule import STAGE_WORDS
 from .stage_calls import StageCalls
-from .vace_hints import VaceHints
 from .wrapper_calls import PROMPT_NAMES, call_argument, prompt_indices
 
 KEY = "wan22_cache_dit"
@@ -145,7 +144,6 @@ class StageCache:
     A stage whose prompts or batching change after that is stopped rather than cached wrongly."""
 
     backend = cache_dit_backend  # the cache method: the one module that talks to it (a test swaps in a double)
-    vace_hints = "fresh"  # VACE-Fun's hints on cached steps (vace_hints.HINTS; bench/family.py measures both)
 
     def __init__(self, plan: core.CachePlan, role: str, stage: str | None = None, turn_off: str = TURN_OFF,
                  calls: StageCalls | None = None, share: float = 0.5):
@@ -167,17 +165,12 @@ class StageCache:
         self.calls_now = None  # ... of the evaluation in progress (None outside an evaluation)
         self.diffusion_model = None
         self.installed = False
-        self.block_forwards = 0
+        self.parts = []  # what the stage installed on the expert (stage_parts.py), in order, while it runs
+        self.statistics_of_parts = {}  # ... their entries in the report, once the stage has run
+        self.block_count = None  # the part that counts the blocks that ran
         self.outcome = None  # what the cache did, once the stage has run
         self.held = None  # the tensors it held at the stage's end: {"bytes", "devices"}
         self.allowance = None  # the error criterion's share of the target, while the stage is cached by it
-        self.misses = None  # ... and its measurement of the cache's miss (cache_miss.py)
-        self.sigmas_of, self.sigmas = None, ()  # the sampling's sigmas tensor, and it as floats (read once)
-        self.vace = None  # VACE-Fun's hints while the stage is cached (vace_hints.py)
-        self.evaluation = -1  # the evaluation in progress, counted from 0
-        self.route = route.UNASKED  # the attention route's identity at the last evaluation (attention_route.py)
-        self.contexts = []  # (the evaluation it began at, its outcome) of each context a route change replaced
-        self.begun = 0  # the evaluation the stage's current context began at
 
     def attach(self, model) -> None:
         """Adds the wrappers to `model`, the stage's own clone (never a MODEL the pack received)."""
@@ -211,67 +204,52 @@ class StageCache:
         # A stage capped at 0 cached evaluations, or with an error target of 0, runs without the cache, and its
         # report says why (core.skip_note).
         self.installed = self.plan.caches(self.role)
-        counters, indexed = [], SwappedForwards(self.diffusion_model.blocks, indexed_forward)
-        undecide = lambda: None  # noqa: E731
+        self.block_count = stage_parts.BlockCount(self.diffusion_model.blocks)
         failed = True
         try:
-            if self.installed:
-                if hasattr(self.diffusion_model, "vace_layers_mapping"):
-                    if getattr(self.diffusion_model, "vace_image_input", False):
-                        # a newer ComfyUI's VACE with image input (ID-V2V) runs its VACE blocks on the text tokens
-                        # alone; the fresh hints would give them the image tokens too
-                        raise Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is a VACE model with image "
-                                                         "input, whose VACE hints Cache-DiT cannot keep fresh: "
-                                                         f"{self.turn_off}")
-                    layers = len(self.diffusion_model.blocks)
-                    self.vace = VaceHints(self.diffusion_model, (self.plan.first_compute_blocks,
-                                                                 layers - self.plan.last_compute_blocks),
-                                          self.vace_hints)
-                    self.vace.install()
-                self.backend.install(self.diffusion_model, self.plan, self.role, separate_cfg=False)
-                indexed.install()
-                if self.plan.criterion == "error":
-                    self.allowance = core.stage_allowance(self.plan, self.role, self.share)
-                    undecide = self.backend.decide_by(self.diffusion_model, self.allowance.threshold, self.error_seen)
-                    self.misses = MissWatch(self.diffusion_model, self.backend, getattr(guider, "cfg", 1.0),
-                                            guider.model_patcher.model.latent_format, self.allowance.missed)
-                    self.misses.install()
-            counters = [block.register_forward_hook(self.count_block) for block in self.diffusion_model.blocks]
+            parts = self.parts_for(guider) if self.installed else []
+            stage_parts.install_all(parts + [self.block_count], self.parts)
             out = executor(*args, **kwargs)
-            self.outcome = (route.merged(self.contexts + [(self.begun, self.backend.outcome(self.diffusion_model))])
-                            if self.installed else None)
-            self.held = self.backend.held(self.diffusion_model) if self.installed else None
-            if self.vace is not None:  # the fresh hints' sums beside cache-dit's buffers
-                vace = self.vace.held()
-                self.held = {"bytes": self.held["bytes"] + vace["bytes"],
-                             "devices": sorted(set(self.held["devices"]) | set(vace["devices"]))}
+            if self.installed:
+                self.outcome = self.backend.outcome(self.diffusion_model)
+                for part in parts:
+                    self.outcome = part.outcome(self.outcome)
+                self.held = stage_parts.held_together(parts)
+            self.statistics_of_parts = {k: v for part in parts for k, v in part.statistics().items()}
             failed = False
             return out
         finally:
-            try:
-                undecide()
-                if self.misses is not None:
-                    self.misses.remove()
-                for counter in counters:
-                    counter.remove()
-                indexed.remove()
-                if self.vace is not None:
-                    self.vace.remove()
-                self.backend.remove(self.diffusion_model)
-            except Exception:
+            installed, self.parts = self.parts, []
+
+            def removal_failed(error: Exception) -> None:
                 if not failed:
-                    raise
+                    raise error
                 # the stage's own error is the one the user needs: this one goes to the log only
-                logging.exception("Wan2.2 Cache-DiT: removing the cache after the %s stage's error also failed",
-                                  STAGE_WORDS[self.stage])
+                logging.error("Wan2.2 Cache-DiT: removing the cache after the %s stage's error also failed",
+                              STAGE_WORDS[self.stage], exc_info=error)
 
-    def count_block(self, _module, _args, _output):
-        self.block_forwards += 1
+            stage_parts.remove_all(installed, removal_failed)
 
-    def error_seen(self, diff: float, cached: bool) -> None:
-        """The error criterion hears a call's comparison: with separate CFG, each call is half an evaluation."""
-        self.allowance.seen(diff, cached, 0.5 if self.cfg_batching == "separate" else 1.0)
-        self.misses.compared(diff)
+    def parts_for(self, guider) -> list:
+        """What this stage installs on its expert, in order (stage_parts.py): VACE-Fun's hints where the model
+        has VACE blocks, cache-dit, the indexed forwards, the calibrator's route where the plan forecasts, the
+        error criterion where the plan asks for it."""
+        model, plan, separate = self.diffusion_model, self.plan, lambda: self.cfg_batching == "separate"
+        options = getattr(guider, "model_options", {}).get("transformer_options", {})
+        parts = [vace_hints.for_stage(model, plan, options, self.refuse),
+                 stage_parts.CacheDiT(self.backend, model, plan, self.role),
+                 SwappedForwards(model.blocks, indexed_forward)]
+        if plan.calibrator != "none":
+            parts.append(RouteFollow(self.backend, model, plan, self.role, separate))
+        if plan.criterion == "error":
+            self.allowance = core.stage_allowance(plan, self.role, self.share)
+            parts.append(ErrorCriterion(self.backend, model, self.allowance, getattr(guider, "cfg", 1.0),
+                                        guider.model_patcher.model.latent_format, separate))
+        return [part for part in parts if part is not None]
+
+    def refuse(self, what: str) -> Wan22InputError:
+        """The error for an expert this stage cannot cache."""
+        return Wan22InputError("enabled", f"the {CARRIERS[self.stage]} is {what}: {self.turn_off}")
 
     # --- one evaluation: the prompts it carries must be those of the first one ---
 
@@ -295,12 +273,11 @@ class StageCache:
             raise self.changed(f"an evaluation with the prompts {describe_calls([present])} where the stage began "
                                f"with {describe_calls([self.prompts])} (a guidance node that runs the model again?)")
         self.calls_now = []
-        self.evaluation += 1
-        if self.misses is not None:
-            self.misses.begin()
+        for part in self.parts:
+            part.begin_evaluation()
         out = executor(*args, **kwargs)
-        if self.misses is not None:
-            self.misses.end()
+        for part in self.parts:
+            part.end_evaluation()
         calls, self.calls_now = tuple(self.calls_now), None
         if self.pattern is None:
             if len(calls) != (2 if self.cfg_batching == "separate" else 1):
@@ -333,43 +310,18 @@ class StageCache:
                                                    f"step had {describe_calls(self.pattern or calls)} (ComfyUI "
                                                    "batches the prompts by free memory, which changed)")
         calls.append(order)
-        if self.installed and self.plan.calibrator != "none" and len(calls) == 1:
-            self.follow_route(options, call_argument(executor, args, kwargs, "x"))
-        if self.allowance is not None:  # the call's sigma, and the sampling's, as ComfyUI's sampling marks them
-            self.allowance.at(float(options["sigmas"].reshape(-1)[0]),
-                              self.sampling_sigmas(options.get("sample_sigmas")))
-        slot = None if self.misses is None else self.misses.call(options, call_argument(executor, args, kwargs, "x"))
-        if self.vace is None:
+        call = stage_parts.Call(order, len(calls) == 1, options,
+                                lambda name: call_argument(executor, args, kwargs, name))
+        for part in self.parts:
+            part.before(call)
+        try:
             out = executor(*args, **kwargs)
-        else:
-            self.vace.begin(order, call_argument(executor, args, kwargs, "vace_context"),
-                            call_argument(executor, args, kwargs, "vace_strength"))
-            try:
-                out = executor(*args, **kwargs)
-            finally:
-                self.vace.end()
-        if slot is not None:
-            self.misses.called(slot, order, out)
+        finally:
+            for part in reversed(self.parts):
+                part.done(call)
+        for part in self.parts:
+            part.after(call, out)
         return out
-
-    def follow_route(self, options: dict, x) -> None:
-        """A forecast is not carried across a change of the attention route (attention_route.py): where the route
-        of this evaluation cannot be vouched for, or is not the last one's, a fresh context before its first call."""
-        identity = route.route_identity(options, self.diffusion_model, x)
-        if identity is None or (self.route is not route.UNASKED and identity != self.route):
-            self.contexts.append((self.begun, self.backend.outcome(self.diffusion_model)))
-            self.backend.refresh(self.diffusion_model, self.plan, self.role, self.cfg_batching == "separate")
-            self.begun = self.evaluation
-        self.route = identity
-
-    def sampling_sigmas(self, sigmas) -> tuple[float, ...]:
-        """The sampling's sigmas as floats: read from the tensor once per sampling (one device read), not on every
-        transformer call."""
-        if sigmas is None:
-            return ()
-        if sigmas is not self.sigmas_of:
-            self.sigmas_of, self.sigmas = sigmas, tuple(sigmas.reshape(-1).tolist())
-        return self.sigmas
 
     def decide_batching(self, order: tuple[int, ...]) -> None:
         if set(order) == set(self.prompts):
@@ -414,7 +366,7 @@ class StageCache:
         """The stage's entry in a report, once it has run."""
         seen = core.StageSeen(evaluations=self.calls.evaluations, calls=self.calls.calls,
                               cfg_batching=self.cfg_batching, pass_order=self.pass_order,
-                              block_forwards=self.block_forwards,
+                              block_forwards=self.block_count.count if self.block_count else 0,
                               config=self.backend.describe(self.plan, self.role, self.cfg_batching == "separate"))
         stats = core.statistics(self.plan, self.role, seen, self.outcome or self.backend.NOTHING, layers,
                                 self.allowance.estimate() if self.allowance is not None else None)
@@ -422,8 +374,5 @@ class StageCache:
         stats["held_bytes"] = self.held["bytes"] if self.held else 0
         stats["memory_asked_bytes"] = self.memory.asked or 0  # what ComfyUI was told to make room for
         stats["held_on"] = self.held["devices"] if self.held else []
-        if self.contexts:  # evaluations whose attention route changed (or was not vouched for): a fresh forecast
-            stats["fresh_forecasts"] = [begun for begun, _ in self.contexts[1:]] + [self.begun]
-        if self.vace is not None:  # VACE-Fun: the VACE blocks it ran beside the main ones, and how
-            stats["vace_hints"], stats["vace_block_forwards"] = self.vace.mode, self.vace.forwards
+        stats.update(self.statistics_of_parts)  # e.g. VACE-Fun's hints, a calibrator's fresh forecasts
         return stats

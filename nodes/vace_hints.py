@@ -15,14 +15,34 @@ main blocks it skips do not run, and the hints they carry are:
   blocks do not run either: cheaper, and the hints are a step or more old).
 
 Both keep the control on the trained VACE bed (bench/family.py); at the same settings the fresh hints halve the
-error at 20 steps for a few points of block cost, so they are the pack's (docs/quality.md has the figures).
+error at 20 steps for a few points of block cost, so they are the pack's (docs/quality.md has the figures). A MODEL
+may ask for the other with MODE_KEY in its transformer_options (what bench/family.py and a test measure).
+
+`for_stage` gives a cached stage its VACE part (stage_parts.py), or none on a model without VACE blocks.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
+from .stage_parts import Call, Part
+
 HINTS = ("fresh", "cached")
+MODE_KEY = "wan22_vace_hints"  # transformer_options: the hints' mode on this MODEL's cached stages ("fresh" unless)
+
+
+def for_stage(diffusion_model, plan, transformer_options: dict, refuse) -> "VaceHints | None":
+    """The VACE part of a stage cached by `plan` on `diffusion_model`: None unless it is ComfyUI's VaceWanModel.
+    `refuse(why)` is the stage's error for a model it cannot cache."""
+    if not hasattr(diffusion_model, "vace_layers_mapping"):
+        return None
+    if getattr(diffusion_model, "vace_image_input", False):
+        # a newer ComfyUI's VACE with image input (ID-V2V) runs its VACE blocks on the text tokens alone; the fresh
+        # hints would give them the image tokens too
+        raise refuse("a VACE model with image input, whose VACE hints Cache-DiT cannot keep fresh")
+    layers = len(diffusion_model.blocks)
+    return VaceHints(diffusion_model, (plan.first_compute_blocks, layers - plan.last_compute_blocks),
+                     transformer_options.get(MODE_KEY, "fresh"))
 
 
 class VaceCall:
@@ -40,7 +60,7 @@ class VaceCall:
         self.skipped_sum = None  # ... of those the cache skipped, computed for this step ("fresh")
 
 
-class VaceHints:
+class VaceHints(Part):
     """The hints of a VaceWanModel's stage, installed with its cache. `skippable` is the range of main blocks the
     cache may skip ([first, end)); `mode` one of HINTS."""
 
@@ -80,12 +100,16 @@ class VaceHints:
         self.handles, self.call = [], None
         self.model.vace_layers_mapping = self.saved
 
+    def statistics(self) -> dict:
+        """How the hints were kept, and the VACE blocks run beside the main ones."""
+        return {"vace_hints": self.mode, "vace_block_forwards": self.forwards}
+
     # --- one transformer call ---
 
-    def begin(self, stream, vace_context, vace_strength) -> None:
-        self.call = VaceCall(stream, vace_context, vace_strength)
+    def before(self, call: Call) -> None:
+        self.call = VaceCall(call.order, call.argument("vace_context"), call.argument("vace_strength"))
 
-    def end(self) -> None:
+    def done(self, call: Call) -> None:
         self.call = None
 
     def embedded(self, _module, _args, output):

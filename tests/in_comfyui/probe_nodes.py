@@ -120,5 +120,23 @@ class ReinstallingAttention:
         return (clone,)
 
 
+class VaceHintsMode:
+    """Asks the cached stages of a VACE MODEL for VACE hints kept "fresh" or "cached" (vace_hints.MODE_KEY)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "mode": (["fresh", "cached"],)}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, mode):
+        clone = model.clone()
+        clone.model_options["transformer_options"]["wan22_vace_hints"] = mode
+        return (clone,)
+
+
 NODES = {"Wan22TestRecordAttention": RecordAttention, "Wan22TestReplaceBlock": ReplaceBlock,
-         "Wan22TestRouteHistory": RouteHistory, "Wan22TestReinstallingAttention": ReinstallingAttention}
+         "Wan22TestRouteHistory": RouteHistory, "Wan22TestReinstallingAttention": ReinstallingAttention,
+         "Wan22TestVaceHints": VaceHintsMode}

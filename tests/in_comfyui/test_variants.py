@@ -205,8 +205,19 @@ def identity_middle(tensors: dict) -> dict:
                                           any(part in name for part in zero)) else t for name, t in tensors.items()}
 
 
+def with_vace_hints(experts: dict, mode: str) -> dict:
+    """bridged() experts with the probe node asking each MODEL's cached stages for `mode` VACE hints."""
+    out = dict(experts)
+    bridge = {**out["1"], "inputs": dict(out["1"]["inputs"])}
+    for i, (name, source) in enumerate(sorted(bridge["inputs"].items())):
+        out[f"9{i}"] = {"class_type": "Wan22TestVaceHints", "inputs": {"model": source, "mode": mode}}
+        bridge["inputs"][name] = [f"9{i}", 0]
+    out["1"] = bridge
+    return out
+
+
 def test_vace_fresh_hints_follow_the_control_on_cached_steps_where_cached_hints_lag(
-        comfyui, tiny_models, image, monkeypatch):
+        comfyui, tiny_models, image, probe_nodes):
     """On experts whose skippable main blocks add nothing but a hint, a cached step's output is the first block's
     plus the cached residual, the hint of the step it was computed on: "fresh" adds the change of that hint since,
     which makes the cached run the uncached one up to rounding; "cached" leaves it a step or more old. The same
@@ -218,8 +229,8 @@ def test_vace_fresh_hints_follow_the_control_on_cached_steps_where_cached_hints_
                   os.path.join(tiny_models["dir"], "diffusion_models", names[role]), metadata={"format": "pt"})
     runs = {}
     for mode in ("fresh", "cached", None):
-        monkeypatch.setattr(comfyui.pack("nodes.stage_cache").StageCache, "vace_hints", mode or "fresh")
-        prompt = our_prompt(loader(names["high"], names["low"]), text_folder(tiny_models),
+        experts = bridged(names["high"], names["low"])
+        prompt = our_prompt(with_vace_hints(experts, mode) if mode else experts, text_folder(tiny_models),
                             cache=CACHING if mode else None, **RUN)
         executor = comfyui.new_executor()  # the same prompt again, run again
         runs[mode] = (report_of(run_ok(comfyui, conditioned(prompt, ["5"], "vace", image), executor)),
@@ -273,7 +284,8 @@ def with_5b_latent(prompt: dict) -> dict:
 
 def test_ti2v_5b_runs_alone_equal_to_comfyuis_ksampler_and_its_cache_repeats_and_leaves_nothing(comfyui, tiny_models):
     """TI2V-5B is one transformer: on either input of the bridge or the loader it takes every step, one stage
-    bit-identical to ComfyUI's own KSampler graph on the same file (the official 5B template's shape); with the
+    bit-identical to ComfyUI's own KSampler graph on the same file (the official 5B template's shape), with one
+    role's settings of the Cache-DiT node (the high-noise expert's) whichever input it came through; with the
     sampler's Cache-DiT, and with the Cache-DiT MODEL node on that KSampler, it caches, repeats bit for bit and
     leaves nothing on the model."""
     name = tiny_models["broken"]["wan_5b"]
@@ -288,8 +300,10 @@ def test_ti2v_5b_runs_alone_equal_to_comfyuis_ksampler_and_its_cache_repeats_and
         assert torch.equal(ours, latent_of(comfyui, "17"))
     latents = []
     for seed in (4, 5, 4):
+        # in the low-noise input it takes the high-noise expert's settings (one role, whichever input)
         report = report_of(run_ok(comfyui, with_5b_latent(our_prompt(loader(low=name), text_folder(tiny_models),
-                                                                     seed=seed, cfg=(3.5, 3.5), cache=CACHING,
+                                                                     seed=seed, cfg=(3.5, 3.5),
+                                                                     cache={**CACHING, "low_max_cached_steps": 0},
                                                                      **run))))
         assert report["cache"]["low"]["cached_steps"], report["cache"]
         latents.append(latent_of(comfyui, FINAL["ours"]))
