@@ -132,10 +132,9 @@ class Wan22CacheBudget(io.ComfyNode):
             category=CATEGORY,
             description="Asks for a measured quality instead of a setting: calibrates the Cache-DiT error criterion "
                         "on your model so that the final latent stays within error_budget of the uncached run "
-                        "(relative L2). It samples the given run on a smaller latent without and with the cache "
-                        "(2 to 7 runs, TaylorSeer's among them where calibrators allows it), then once at full size "
-                        "without and with it (with the cache once more where a full run measured over its aim and "
-                        "the work allows), and hands on the experts with the calibrated target and calibrator: "
+                        "(relative L2): small plain runs on a smaller latent, the calibrator's trial (TaylorSeer, "
+                        "where calibrators allows it) and a confirmation at full size (docs/quality.md, How the "
+                        "budget calibrates), then hands on the experts with the calibrated target and calibrator: "
                         "about 2 to 3 full runs' work at calibration_size 0.5. ComfyUI keeps its output while its "
                         "inputs stay the same, so it calibrates once per graph.",
             inputs=[

@@ -2,30 +2,11 @@
 
 The error criterion (core.cache.ErrorAllowance) estimates what each cached step changes in the final latent from
 what the run measures, with one factor (its propagation) chosen on the tuning bed; on another model the estimate
-is off by a factor. A budget measures that factor on this model and sets the target so that the measured error
-meets the budget:
-
-1. `small`: on a smaller latent (fewer tokens: a small part of a full run's work), the run without the cache,
-   then with the criterion at a first target: the measured error over the criterion's estimate is the model's
-   factor; the target is set to what that factor says meets the budget, and tried, at most SMALL_TRIALS times;
-2. the calibrator too, where the caller allows more than one (none, then taylorseer): TaylorSeer forecasts a
-   cached step's residual instead of reusing it, so the same target costs less error and a larger one fits.
-   It is tried from the target the first calibrator's runs call for, scaled by TAYLORSEER_ERROR, while the
-   calibration's work stays within MAX_WORK full runs (its confirmation counted in); the cheapest small run
-   (fewest block forwards) within the aim wins, the first calibrator on a tie (it holds less memory);
-3. `confirm`: once at full size, the run without the cache and with the calibrated target; if it measures more
-   than the small runs aimed at (MARGIN x budget: the small latent's factor did not hold, or the last small
-   run was within the budget but not the aim), the target is scaled down by what the full run measured, to the
-   aim, or, for a plain run still within the budget where TaylorSeer is allowed, kept with TaylorSeer (its
-   cached steps forecast: less error for the same steps, `forecast_instead`); where the work allows (MAX_WORK:
-   the uncached full run is kept, so it costs one cached run), the changed run is confirmed once more at full
-   size, and its target scaled if it still measures over the aim: the error moves in jumps with the target (one
-   cached step more or less), so a scaled target can keep the same cache pattern and measure the same.
-   Without a confirmation (calibration at full size) the chosen small run is held to the same aim.
-
-A budget of 0 caches nothing and runs nothing. A budget that no cached step fits in is refused, naming
-error_budget and the smallest change one cached step was estimated to make. The search is pure: it is handed
-the runs as functions of (target, calibrator) and counts their work.
+is off by a factor. A budget measures what the cache costs on this model and sets the target so that the measured
+error meets the budget, in three phases: `small_plain_runs`, `calibrator_trial` and `confirmation`, put together
+by `calibrate`. The algorithm, its constants and why each is what it is: docs/quality.md, "How the budget
+calibrates" (described there only). The search is pure: it is handed the runs as functions of (target,
+calibrator) and counts their work.
 """
 
 from __future__ import annotations
@@ -180,50 +161,77 @@ def forecast_instead(budget: float, last: Trial, calibrators: tuple) -> bool:
     return last.calibrator == "none" and FORECAST in calibrators and last.error <= budget
 
 
+def small_plain_runs(budget: float, small: Callable[[float, str], Trial], calibrator: str) -> list:
+    """Phase 1: small runs of the first calibrator from the aim, each target scaled by what the last measured."""
+    return search(budget, lambda target: small(target, calibrator), budget * MARGIN, SMALL_TRIALS)
+
+
+def calibrator_trial(budget: float, small: Callable[[float, str], Trial], trials: list, calibrator: str,
+                     calibrators: tuple, confirming: bool) -> list | None:
+    """Phase 2: small runs of another `calibrator`, from the target the trials so far call for scaled by
+    TAYLORSEER_ERROR, while the calibration's work, the confirmation counted in where there is one (`confirming`),
+    stays within MAX_WORK; None where the trials so far met nothing (the budget is then refused)."""
+    plain = best(budget, trials, calibrators)
+    if plain is None or plain.error <= 0:
+        return None
+
+    def room(found: list, before: list = list(trials)) -> bool:
+        """Another small run, then the confirmation (one run without the cache and one with it at the largest
+        block cost measured), within MAX_WORK."""
+        done = before + found
+        step = max(t.work for t in done[1:]) if len(done) > 1 else done[0].work
+        confirmation = (1 + max(t.cost for t in done)) if confirming else 0.0
+        return sum(t.work for t in done) + step + confirmation <= MAX_WORK
+
+    start = min(MAX_BUDGET, plain.target * min(4.0, budget * MARGIN / plain.error) / TAYLORSEER_ERROR)
+    return search(budget, lambda target: small(target, calibrator), start, SMALL_TRIALS, room)
+
+
+def confirmation(budget: float, calibration: "Calibration", chosen: Trial, trials: list,
+                 confirm: Callable[[float, str], Trial] | None, calibrators: tuple) -> None:
+    """Phase 3: the chosen small run's target and calibrator at full size (`confirm`), held to the aim: over it, the
+    target is scaled down to it, or a plain run within the budget keeps its target with TaylorSeer
+    (`forecast_instead`), and the change is confirmed once more where the work allows. Without `confirm`
+    (calibration at full size) the chosen run itself is held to the aim."""
+    aim = budget * MARGIN
+    if confirm is not None:
+        calibration.full = confirm(chosen.target, chosen.calibrator)
+    last = calibration.full or chosen
+    if last.error <= aim:
+        return
+    if forecast_instead(budget, last, calibrators):
+        calibration.calibrator = FORECAST  # the same target: its cached steps forecast instead of reused
+        again = last.cost
+    else:
+        calibration.target = last.target * aim / last.error
+        again = again_cost(calibration.target, last, trials)
+    if confirm is not None and calibration.work + again <= MAX_WORK:
+        last = confirm(calibration.target, calibration.calibrator)  # once more: did the change hold?
+        calibration.again.append(last)
+        if last.error > aim:
+            calibration.target = last.target * aim / last.error
+
+
 def calibrate(budget: float, small: Callable[[float, str], Trial],
               confirm: Callable[[float, str], Trial] | None = None, calibrators: tuple = ("none",)) -> Calibration:
-    """The error criterion's target and calibrator for `budget` (see the module's text); `small` and `confirm`
-    run (target, calibrator), `confirm` at full size; `calibrators`: those allowed, the first preferred."""
+    """The error criterion's target and calibrator for `budget` (docs/quality.md, "How the budget calibrates");
+    `small` and `confirm` run (target, calibrator), `confirm` at full size; `calibrators`: those allowed, the first
+    preferred."""
     budget = check_budget(budget)
     if budget == 0:
         return Calibration(0.0, 0.0, calibrator=calibrators[0])
-    aim = budget * MARGIN
     first = calibrators[0]
-    trials = search(budget, lambda target: small(target, first), aim, SMALL_TRIALS)
+    trials = small_plain_runs(budget, small, first)
     for other in calibrators[1:]:
-        plain = best(budget, trials, calibrators)
-        if plain is None or plain.error <= 0:
+        found = calibrator_trial(budget, small, trials, other, calibrators, confirm is not None)
+        if found is None:
             break  # the first calibrator met nothing: the budget is refused below
-
-        def room(found: list, before: list = list(trials)) -> bool:
-            """Another small run, then the confirmation (one run without the cache and one with it at the
-            largest block cost measured), within MAX_WORK."""
-            done = before + found
-            step = max(t.work for t in done[1:]) if len(done) > 1 else done[0].work
-            confirmation = (1 + max(t.cost for t in done)) if confirm is not None else 0.0
-            return sum(t.work for t in done) + step + confirmation <= MAX_WORK
-
-        start = min(MAX_BUDGET, plain.target * min(4.0, aim / plain.error) / TAYLORSEER_ERROR)
-        trials += search(budget, lambda target: small(target, other), start, SMALL_TRIALS, room)
+        trials += found
     chosen = best(budget, trials, calibrators)
     if chosen is None:
         refuse_below_smallest(budget, trials)
     calibration = Calibration(budget, chosen.target, trials, calibrator=chosen.calibrator)
-    if confirm is not None:  # the confirmation at full size
-        calibration.full = confirm(chosen.target, chosen.calibrator)
-    last = calibration.full or chosen
-    if last.error > aim:  # held to the aim: the seeds the budget runs on vary (MARGIN)
-        if forecast_instead(budget, last, calibrators):
-            calibration.calibrator = FORECAST  # the same target: its cached steps forecast instead of reused
-            again = last.cost
-        else:
-            calibration.target = last.target * aim / last.error
-            again = again_cost(calibration.target, last, trials)
-        if confirm is not None and calibration.work + again <= MAX_WORK:
-            last = confirm(calibration.target, calibration.calibrator)  # once more: did the change hold?
-            calibration.again.append(last)
-            if last.error > aim:
-                calibration.target = last.target * aim / last.error
+    confirmation(budget, calibration, chosen, trials, confirm, calibrators)
     measured = [t for t in [*trials, calibration.full, *calibration.again] if t is not None and t.cached
                 and t.estimate > 0 and t.calibrator == first]
     calibration.factor = (sum(t.error / t.estimate for t in measured) / len(measured)) if measured else None
