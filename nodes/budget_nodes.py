@@ -13,7 +13,7 @@ from comfy_api.latest import io
 
 from .core import budget as core_budget
 from .core import sampler_inputs
-from .core.cache import CachePlan, uncached_block_forwards
+from .core.cache import CachePlan, combined, uncached_block_forwards
 from .core.errors import Wan22InputError
 from .dispatch import run
 from .types import CATEGORY, ExpertsType, ScheduleType, linked_given, linked_only
@@ -85,7 +85,7 @@ class Runs:
         blocks = sum(s["block_forwards"] for s in stages)
         return core_budget.Trial(
             target=target, error=core_budget.relative_l2(reference, out["samples"]),
-            estimate=sum(s.get("estimated_error", 0.0) for s in stages),  # they add up (core.cache.error_shares)
+            estimate=combined(s.get("estimated_error", 0.0) for s in stages),  # core.cache.error_shares
             cached=sum(len(s["cached_steps"]) + len(s["cfg_cached_steps"]) for s in stages),
             smallest=min(smallest) if smallest else None,
             work=work + self.work(blocks, latent), calibrator=calibrator, cost=blocks / reference_blocks)

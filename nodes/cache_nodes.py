@@ -73,9 +73,9 @@ def criterion_inputs() -> list:
                        optional=True,
                        tooltip="With criterion error: the change the cache may make to the run's final latent, "
                                "estimated (relative L2 against the uncached run; 0.01 is hard to see, 0.05 a small "
-                               "change; 0 caches nothing). The experts share it: each expert's stage gets half of it "
-                               "(a cache's errors add up). It is an estimate: to hold a measured budget on your "
-                               "model, use the Wan2.2 Cache-DiT Error Budget node."),
+                               "change; 0 caches nothing). The experts share it: their errors add in quadrature, so "
+                               "each expert's stage gets 0.71 of it. It is an estimate: to hold a measured budget on "
+                               "your model, use the Wan2.2 Cache-DiT Error Budget node."),
     ]
 
 

@@ -116,9 +116,9 @@ def propagations(tuning: dict) -> list[tuple[float, float]]:
 def choose(tuning: dict) -> dict:
     """What the tuning bed chooses: the default error target: the largest swept
     target whose median error stays within CHOICE_MARGIN of the defaults' bound at 20 and at 40 steps. Only the
-    tuning bed may choose. Beside it, for the record, what its single steps say of the criterion's propagation
-    (the median of `propagations` below its band and above it), which the pack's design values do not follow
-    (docs/quality.md: they calibrate single steps, not the cached runs)."""
+    tuning bed may choose. Beside it, TaylorSeer's error over the plain criterion's (the budget's first TaylorSeer
+    target) and what the single steps say of the criterion's propagation (the median of `propagations` below its
+    band and above it), which the pack's propagation is RUN_OVER_SINGLE times (docs/quality.md)."""
     if tuning["bed"]["name"] != "tuning":
         raise ValueError(f"bed {tuning['bed']['name']!r} is not `tuning`: only the tuning bed chooses the defaults")
     from devtools.paths import import_pack
@@ -148,4 +148,5 @@ def pack_constants() -> dict:
     import_pack()
     from wan22_cachedit.nodes.core import budget, cache
 
-    return {"error_target": cache.CachePlan().error_target, "taylorseer_error": budget.TAYLORSEER_ERROR}
+    return {"error_target": cache.CachePlan().error_target, "taylorseer_error": budget.TAYLORSEER_ERROR,
+            "single_step_propagation": cache.SINGLE_STEP_PROPAGATION}

@@ -55,10 +55,10 @@ def spectrum_applied_once(harness):
 def summarise(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-def estimate_of(models: dict, key: str) -> float | None:
-    """What the Cache-DiT MODEL nodes on a run's patched MODELs estimated its error to be: the sum of their last
-    sample calls' estimates (core.cache.error_shares: a cache's errors add up), None where they report none;
-    `key`: their wrappers' (stage_cache.KEY)."""
+def estimate_of(models: dict, key: str, combined) -> float | None:
+    """What the Cache-DiT MODEL nodes on a run's patched MODELs estimated its error to be: their last sample calls'
+    estimates combined (core.cache.combined: in quadrature), None where they report none;
+    `key`: their wrappers' (stage_cache.KEY); `combined`: core.cache.combined."""
     import comfy.patcher_extension
 
     found = []
@@ -67,7 +67,7 @@ def estimate_of(models: dict, key: str) -> float | None:
             stats = getattr(getattr(wrapper, "__self__", None), "last_statistics", None)
             if stats is not None and stats.get("estimated_error") is not None:
                 found.append(stats["estimated_error"])
-    return sum(found) if found else None
+    return combined(found) if found else None
 
 def measure_steps(runs, counter, methods, steps: int, quick: bool, log) -> dict:
     """Every point on every case at one step count (timed between neighbouring native runs), then the budgets."""
@@ -79,6 +79,7 @@ def measure_steps(runs, counter, methods, steps: int, quick: bool, log) -> dict:
     for seed, cls in CASES[:1] if quick else CASES:
         blocks, timed, estimates = {}, {}, {}
         stage_key = runs.comfy.pack("nodes.stage_cache").KEY
+        combined = runs.comfy.pack("nodes.core.cache").combined
 
         def runner(name, patch):
             def go():
@@ -90,7 +91,7 @@ def measure_steps(runs, counter, methods, steps: int, quick: bool, log) -> dict:
                     return patched[role]
                 out = runs.run(run, seed, cls, None if patch is None else keep)
                 blocks[name] = counter.count
-                estimates[name] = estimate_of(patched, stage_key)
+                estimates[name] = estimate_of(patched, stage_key, combined)
                 return out
             return go
 

@@ -8,6 +8,7 @@ from wan22_cachedit.nodes.core import cache as C
 from wan22_cachedit.nodes.core.errors import Wan22InputError
 
 SIGMAS = (1.0, 0.9, 0.7, 0.4, 0.0)
+P = C.propagation(0.5)  # how far an error made at the tests' sigma (below the band) is carried
 
 
 def test_a_steps_sigma_gap_is_the_stride_to_the_next_sigma_also_between_sigmas_and_at_the_end():
@@ -47,41 +48,58 @@ def test_a_target_of_zero_caches_nothing_and_a_threshold_never_reads_as_always()
 
 
 def test_the_miss_per_change_is_measured_and_a_call_may_cache_while_its_estimate_fits_what_is_left():
-    a = measured(0.01, rho=0.2)  # a miss of 0.2 x the change, a gap of 0.1: an estimate of 0.02 x the change
+    a = measured(0.01, rho=0.2)  # a miss of 0.2 x the change, a gap of 0.1: an estimate of P x 0.02 x the change
     a.at(0.5, (0.5, 0.4))
-    assert a.threshold() == pytest.approx(0.01 / (0.2 * 0.1))
-    a.seen(0.3, cached=True)
-    assert a.spent == pytest.approx(0.02 * 0.3)
+    assert a.threshold() == pytest.approx(0.01 / (P * 0.2 * 0.1))
+    a.seen(0.1, cached=True)
+    assert a.spent == pytest.approx(P * 0.02 * 0.1)
     a.at(0.5, (0.5, 0.4))
-    assert a.threshold() == pytest.approx((0.01 - 0.006) / 0.02)  # the run in progress adds up
+    assert a.threshold() == pytest.approx((0.01 - P * 0.002) / (P * 0.02))  # the run in progress adds up
     assert a.estimate()["miss_per_change"] == [0.2]
 
 
 def test_the_step_that_ends_a_run_of_cached_steps_estimates_the_run_again_with_its_miss():
-    a = measured(0.02, rho=0.2)
+    a = measured(0.05, rho=0.2)
     step(a, 0.1, cached=True)
     step(a, 0.2, cached=True)
-    assert a.spent == pytest.approx(0.2 * 0.1 * 0.3)
+    assert a.spent == pytest.approx(P * 0.2 * 0.1 * 0.3)
     step(a, 0.25, cached=False)  # computed: its miss says the run missed by 0.4 x the change, not 0.2
     a.missed(0.4 * 0.25, 0.25)
-    assert a.spent == pytest.approx(0.4 * 0.1 * 0.3)
-    a.at(0.5, (0.5, 0.4))
-    assert a.threshold() == pytest.approx((0.02 - 0.012) / (0.4 * 0.1))
+    closed = P * 0.4 * 0.1 * 0.3
+    assert a.spent == pytest.approx(closed)
+    a.at(0.5, (0.5, 0.4))  # the next run may spend what the closed one leaves, in quadrature
+    assert a.threshold() == pytest.approx((0.05 ** 2 - closed ** 2) ** 0.5 / (P * 0.4 * 0.1))
 
 
-def test_cached_steps_add_up_in_a_row_and_across_computed_steps():
+def test_cached_steps_add_up_in_a_row_and_runs_parted_by_computed_steps_in_quadrature():
     a = measured(1.0, rho=0.2)
     for cached in (True, True, False, True):
         step(a, 0.5, cached)
-    # two in a row: 0.01 + 0.01; then a computed step (no miss heard: the run keeps its estimate); then one: 0.01
-    assert a.spent == pytest.approx(0.03)
+    # two in a row: 2 x one step's; then a computed step (no miss heard: the run keeps its estimate); then one
+    one = P * 0.01
+    assert a.spent == pytest.approx((4 + 1) ** 0.5 * one)
     computed_unheard = measured(1.0, rho=0.2)  # a computed step cache-dit never compared (warm-up) parts them too
     for heard in (True, None, True):
         computed_unheard.at(0.5, (0.5, 0.4))
         if heard:
             computed_unheard.seen(0.5, cached=True)
-    assert computed_unheard.spent == pytest.approx(0.02)
-    assert computed_unheard.closed == pytest.approx(0.01)  # the first run, closed by the unheard step
+    assert computed_unheard.spent == pytest.approx(2 ** 0.5 * one)
+    assert computed_unheard.closed == pytest.approx(one)  # the first run, closed by the unheard step
+
+
+def test_a_forecasting_calibrators_steps_add_in_quadrature_within_a_run_too():
+    plain, forecast = measured(1.0, rho=0.2), measured(1.0, rho=0.2)
+    forecast.forecast = True
+    for a in (plain, forecast):
+        for _ in range(4):
+            step(a, 0.5, cached=True)
+    assert plain.spent == pytest.approx(4 * P * 0.01) and forecast.spent == pytest.approx(2 * P * 0.01)
+    tight = measured(P * 0.01 * 5 ** 0.5, rho=0.2)  # room for five such steps in quadrature, two and a bit in a row
+    tight.forecast = True
+    for _ in range(4):
+        step(tight, 0.5, cached=True)
+    tight.at(0.5, (0.5, 0.4))
+    assert tight.threshold() == pytest.approx(0.5)  # the fifth step's change fits exactly
 
 
 def test_an_error_at_high_noise_is_carried_further_than_one_at_low_noise():
@@ -96,10 +114,12 @@ def test_an_error_at_high_noise_is_carried_further_than_one_at_low_noise():
 
 
 def test_a_separate_cfg_call_is_half_an_evaluation():
-    a = measured(1.0, rho=0.2)
-    step(a, 0.5, True, share=0.5)
-    step(a, 0.5, True, share=0.5)
-    assert a.spent == pytest.approx(0.01)
+    for forecast in (False, True):
+        a = measured(1.0, rho=0.2)
+        a.forecast = forecast
+        step(a, 0.5, True, share=0.5)
+        step(a, 0.5, True, share=0.5)
+        assert a.spent == pytest.approx(P * 0.01)
 
 
 @pytest.mark.parametrize("caps, pattern", [({"max_run": 2}, "CCxCCx"), ({"max_cached": 3}, "CCCxxx"),
@@ -119,7 +139,7 @@ def test_the_smallest_step_heard_is_kept_cached_or_not():
     a = measured(0.001, rho=0.2)
     step(a, 0.05, cached=False)
     step(a, 0.01, cached=False, sigma=0.4)
-    assert a.estimate()["smallest_step_estimate"] == pytest.approx(0.2 * 0.4 * 0.01)
+    assert a.estimate()["smallest_step_estimate"] == pytest.approx(C.propagation(0.4) * 0.2 * 0.4 * 0.01)
     assert a.estimate()["estimated_error"] == 0
 
 
@@ -131,12 +151,12 @@ def test_a_miss_without_a_compared_change_teaches_nothing():
 
 
 @pytest.mark.parametrize("stages", [("high", "low"), ("lead", "high", "low"), ("low",), ("high",)])
-def test_the_stages_shares_add_up_to_the_run(stages):
+def test_the_stages_shares_add_up_to_the_run_in_quadrature(stages):
     shares = C.error_shares(stages)
     assert set(shares) == set(stages)
-    assert sum(shares.values()) == pytest.approx(1.0)
+    assert C.combined(shares.values()) == pytest.approx(1.0)
     if "lead" in stages:
-        assert shares["lead"] == shares["high"] and shares["low"] == pytest.approx(0.5)
+        assert shares["lead"] == shares["high"] and shares["low"] == pytest.approx(0.5 ** 0.5)
 
 
 def test_the_model_nodes_share_is_one_of_two_experts():

@@ -32,7 +32,7 @@ def test_it_caches_within_its_target_repeats_a_b_a_and_the_report_gives_its_esti
     for role in ("high", "low"):
         stats = report["cache"][role]
         assert stats["criterion"] == "error" and stats["threshold"] is None
-        assert abs(stats["error_target_share"] - 0.6 * 0.5) < 1e-6  # half the target each: the errors add up
+        assert abs(stats["error_target_share"] - 0.6 * 0.5 ** 0.5) < 1e-6  # the experts' errors add in quadrature
         assert stats["miss_per_change"] and all(rho > 0 for rho in stats["miss_per_change"])  # measured in the run
         assert 0 <= stats["estimated_error"] <= stats["error_target_share"] + 1e-9
         assert "_E0.6" in stats["config"]
