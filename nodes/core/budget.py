@@ -28,7 +28,7 @@ SMALL_TRIALS = 3
 MAX_WORK = 3.0  # the calibration's work, in full-size uncached runs, that another calibrator's trial may not pass
 # TaylorSeer's error over the plain criterion's at the same target: on the tuning bed, the median of the ratio
 # over its swept targets (0.015 to 0.05) at 20 and 40 steps (bench/quality/judge.py `choose`).
-TAYLORSEER_ERROR = 0.7
+TAYLORSEER_ERROR = 0.89
 FORECAST = "taylorseer"  # the calibrator a plain run over the aim switches to (forecast_instead)
 
 

@@ -79,7 +79,7 @@ class CachePlan:
     calibrator: str = "none"
     error_budget: float | None = None  # the budget the error target was calibrated for, if any
     criterion: str = "error"
-    error_target: float = 0.0175  # the error criterion's allowance: the run's final latent, relative L2
+    error_target: float = 0.02  # the error criterion's allowance: the run's final latent, relative L2
 
     def settings(self, role: str) -> ExpertCacheSettings:
         return self.high if role == "high" else self.low
