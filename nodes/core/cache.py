@@ -277,9 +277,6 @@ class ErrorAllowance:
                 "miss_per_change": [round(r, 5) for r in self.misses]}
 
 
-MODEL_SHARE = math.sqrt(0.5)  # the Cache-DiT MODEL node's stage: one expert's, the other carrying its own node
-
-
 def error_shares(stages: tuple[str, ...]) -> dict[str, float]:
     """Each stage's share of the run's error target, as stages' errors add (in quadrature, as ErrorAllowance adds
     its runs: the squares of the shares add up to 1): the experts share it equally, a lead stage sharing the
@@ -288,6 +285,10 @@ def error_shares(stages: tuple[str, ...]) -> dict[str, float]:
     per_expert = 1.0 / len(experts)
     return {stage: math.sqrt(per_expert / (2 if "lead" in stages and stage in ("lead", "high") else 1))
             for stage in stages}
+
+
+# the Cache-DiT MODEL node's stage: one expert's, the other carrying its own node
+MODEL_SHARE = error_shares(("high", "low"))["high"]
 
 
 def combined(estimates) -> float:
