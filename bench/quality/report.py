@@ -155,6 +155,18 @@ def write_summary(beds: dict, folder: str, name: str) -> None:
     print("\n".join(lines))
 
 
+def bed_figures(bed: dict) -> dict[str, str]:
+    """A bed's figures as docs/quality.md's table of beds gives them, from its summary in the results."""
+    config, generation, losses = bed["config"], bed["generation"], bed["losses"].values()
+    return {"bed layers": f"{config['num_layers']} x {config['dim'] // 128}",
+            "bed sizes": ", ".join(f"{frames}x{side}x{side}" for frames, side in config["sizes"]),
+            "bed training": f"{max(t['steps'] for t in losses)}, {bed['training_wall_s']:.0f}",
+            "bed losses": " / ".join(f"{t['first_validation']:.2f} -> {t['best_validation']:.3f}" for t in losses),
+            "bed fit": f"{generation['template_fit_mean']:.2f}",
+            "bed class right": f"{generation['class_right']} of {generation['of']}",
+            "bed sha": " / ".join(f"`{sha[:12]}`" for sha in bed["sha256"].values())}
+
+
 def span(values: list[float], digits: int = 2) -> str:
     return f"{min(values):.{digits}f} to {max(values):.{digits}f}"
 
@@ -163,8 +175,9 @@ def figures(bed: dict) -> dict[str, str]:
     """The figures the README and docs/ give of a bed's results, as they write them (tests/core/test_figures.py
     checks those pages against them): per step count, the defaults' and each budget's median error / block cost,
     and for the error criterion (plain and TaylorSeer) the band of measured / target and measured / estimate
-    over targets BAND_TARGETS, with how many targets are in band; the budgets' work in full runs."""
-    out, work = {}, []
+    over targets BAND_TARGETS, with how many targets are in band; the budgets' work in full runs; and the bed's
+    own figures (`bed ...`: its size, training, losses, what it generates, its files' SHA-256)."""
+    out, work = bed_figures(bed["bed"]) if "bed" in bed else {}, []
     for r in bed["step_counts"]:
         s = r["steps"]
         for p in r["points"]:

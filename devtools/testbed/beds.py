@@ -20,7 +20,17 @@ BEDS = {
     "wide": BedConfig(num_layers=10, dim=384, ffn_dim=512, batch=8, max_steps=1000, seed=2, shapes=("blob", "ring"),
                       texture=0.6, pan=True, sizes=((2, 8), (3, 12), (4, 16))),
 }
-ROLES = {TUNING: "tuning", "deep": "tuning", "wide": "tuning"}
+# Built after the error criterion's design was frozen (d46f5ab), from data unlike the beds above: they only report.
+# `follow` gives each class its own object colour, so the prompt shows wherever the object is (a bed that follows
+# its prompt, where CFG's two streams differ); `crowd` has two objects of the class a sample, five-frame clips at
+# half the speed, a coarser panned texture, 12 layers and the shortest training.
+BEDS.update({
+    "follow": BedConfig(seed=5, max_steps=1500, shapes=("cross", "bar"), palette=True),
+    "crowd": BedConfig(num_layers=12, batch=8, max_steps=700, seed=6, shapes=("dot", "cross"),
+                       directions=("down-right", "up-left", "down-left", "up-right"), texture=0.8, pan=True,
+                       sizes=((5, 12),), objects=2, speed=1, texture_scale=2.0),
+})
+ROLES = {TUNING: "tuning", "deep": "tuning", "wide": "tuning", "follow": "held-out", "crowd": "held-out"}
 # The beds of the Wan2.2 family's other models, measured by bench/family.py (not by the cache-versus-peers suite):
 # VACE-Fun (the tuning bed's world and size, VACE blocks after every other main block, trained to follow the
 # object's track given as control frames) and TI2V-5B (one transformer over every noise level, 48 channels).

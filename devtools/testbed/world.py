@@ -1,10 +1,12 @@
 """The test beds' data world and what a bed is: its config (BedConfig) and the World its seed fixes.
 
 Data is made here, in the latent space the transformer sees (after Wan21.process_in): 16 channels, a few latent
-frames, one object moving 2 latent pixels a frame over a background. The shape and the direction are the class
-(8 classes), and each class is a fixed sequence of umt5-shaped tokens (4096 wide, zero-padded to ComfyUI's 512
-rows), so the conditioning matters. This module and train.py decide a bed's weights: together they are the beds'
-cache key (build.py), so a change here trains every bed anew.
+frames, one object (or several of one class) moving 2 latent pixels a frame (or another speed) over a background.
+The shape and the direction are the class (8 classes), and each class is a fixed sequence of umt5-shaped tokens
+(4096 wide, zero-padded to ComfyUI's 512 rows), so the conditioning matters; in a world with a palette each class
+also has its own object colour (channel loading), so the prompt shows wherever the object is. This module and
+train.py decide a bed's weights: together they are the beds' cache key (build.py), so a change here trains every
+bed anew.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ class BedConfig:
     vace_layers: tuple = ()
     # TI2V-5B: one transformer over every noise level (no boundary, no second expert), on the Wan2.2 VAE's latent
     channels: int = CHANNELS
+    # Added after the beds above were built; their defaults draw what those beds always drew.
+    palette: bool = False  # each class its own object colour: a zero-mean simplex, so CFG's negative shows none
+    objects: int = 1  # objects of the sample's class, each at its own start and amplitude
+    speed: int = STEP_PIXELS  # latent pixels an object moves a frame
+    texture_scale: float = 1.2  # the texture's smoothing (a Gaussian's sigma, latent pixels)
 
     @classmethod
     def from_dict(cls, values: dict) -> "BedConfig":
@@ -95,7 +102,8 @@ class World:
     """Everything about the data that is fixed by the config's seed: the channel loadings of object, background
     and texture, the texture itself, the class prompts and the negative. Data and fits are made from it. A class
     is a shape and a direction; a sample is one object of its class moving over the frames, at a random start
-    and amplitude, over a background (offset and gradients, random; a texture, panned or not)."""
+    and amplitude, over a background (offset and gradients, random; a texture, panned or not). With `objects` > 1 a
+    sample has that many objects of its class; with a palette each class's object has its own colour."""
 
     def __init__(self, config: BedConfig = BedConfig()):
         self.config = config
@@ -110,11 +118,20 @@ class World:
             self.texture_vector = F.normalize(torch.randn(config.channels, generator=g), dim=0) * 4.0
             reach = max(side for _f, side in config.sizes) + 2 * max(frames for frames, _s in config.sizes)
             field = torch.randn(1, 1, reach, reach, generator=g)
-            kernel = torch.exp(-torch.arange(-4, 5, dtype=torch.float32) ** 2 / (2 * 1.2 ** 2))
+            kernel = torch.exp(-torch.arange(-4, 5, dtype=torch.float32) ** 2 / (2 * config.texture_scale ** 2))
             kernel = (kernel[:, None] * kernel[None, :] / kernel.sum() ** 2)[None, None]
             field = F.conv2d(F.pad(field, (4, 4, 4, 4), mode="reflect"), kernel)[0, 0]
             self.texture = (field - field.mean()) / field.std()
+        self.palette = None
+        if config.palette:  # drawn after the rest too: orthonormal loadings, centred (their mean is exactly zero)
+            basis, _ = torch.linalg.qr(torch.randn(config.channels, len(self.classes), generator=g))
+            centred = basis - basis.mean(dim=1, keepdim=True)
+            self.palette = F.normalize(centred.T, dim=1) * 4.0  # (classes, channels)
         self._starts: dict = {}
+
+    def colour(self, cls: int) -> torch.Tensor:
+        """The channel loading of class `cls`'s object: the class's own in a world with a palette."""
+        return self.object_vector if self.palette is None else self.palette[cls]
 
     def grid(self, side: int) -> tuple[torch.Tensor, torch.Tensor]:
         ys, xs = torch.meshgrid(torch.arange(side, dtype=torch.float32), torch.arange(side, dtype=torch.float32),
@@ -126,7 +143,7 @@ class World:
         key = (cls, frames, side)
         if key not in self._starts:
             dy, dx = DIRECTIONS[self.classes[cls].split()[1]]
-            travel = STEP_PIXELS * (frames - 1)
+            travel = self.config.speed * (frames - 1)
             self._starts[key] = [(y, x) for y in range(MARGIN, side - MARGIN) for x in range(MARGIN, side - MARGIN)
                                  if MARGIN <= y + dy * travel < side - MARGIN
                                  and MARGIN <= x + dx * travel < side - MARGIN]
@@ -139,8 +156,9 @@ class World:
         ys, xs = self.grid(side)
         out = []
         for t in range(frames):
-            cy, cx = y + dy * STEP_PIXELS * t, x + dx * STEP_PIXELS * t
+            cy, cx = y + dy * self.config.speed * t, x + dx * self.config.speed * t
             r2 = (ys - cy) ** 2 + (xs - cx) ** 2
+            ay, ax = (ys - cy).abs(), (xs - cx).abs()
             if shape == "blob":
                 out.append(torch.exp(-r2 / (2 * 1.5 ** 2)))
             elif shape == "gabor":
@@ -148,7 +166,14 @@ class World:
             elif shape == "ring":
                 out.append(torch.exp(-(r2.sqrt() - 2.2) ** 2 / (2 * 0.7 ** 2)))
             elif shape == "square":
-                out.append(torch.sigmoid((2.0 - (ys - cy).abs()) / 0.4) * torch.sigmoid((2.0 - (xs - cx).abs()) / 0.4))
+                out.append(torch.sigmoid((2.0 - ay) / 0.4) * torch.sigmoid((2.0 - ax) / 0.4))
+            elif shape == "cross":
+                out.append(torch.maximum(torch.exp(-ay ** 2 / (2 * 0.7 ** 2) - ax ** 2 / (2 * 2.2 ** 2)),
+                                         torch.exp(-ax ** 2 / (2 * 0.7 ** 2) - ay ** 2 / (2 * 2.2 ** 2))))
+            elif shape == "dot":
+                out.append(torch.exp(-r2 / (2 * 0.9 ** 2)))
+            elif shape == "bar":
+                out.append(torch.sigmoid((2.6 - ax) / 0.4) * torch.sigmoid((0.9 - ay) / 0.4))
             else:
                 raise ValueError(f"unknown shape {shape!r}")
         return torch.stack(out)
@@ -159,22 +184,25 @@ class World:
         return torch.stack([self.texture[o + py * t:o + py * t + side, o + px * t:o + px * t + side]
                             for t in range(frames)])
 
-    def basis(self, cls: int, y: int, x: int, frames: int = FRAMES, side: int = SIZE, pan: int = 0) -> torch.Tensor:
-        """The latents a template of this class, start and pan is a sum of: (k, C, F, H, W): the object, the
-        background's offset, x gradient and y gradient, and the texture if the world has one."""
-        obj = self.object_vector[:, None, None, None] * self.pattern(cls, y, x, frames, side)[None]
+    def basis(self, cls: int, y: int, x: int, frames: int = FRAMES, side: int = SIZE, pan: int = 0,
+              more: tuple = ()) -> torch.Tensor:
+        """The latents a template of this class, start and pan is a sum of: (k, C, F, H, W): the object (then one
+        more object of the class at each start of `more`), the background's offset, x gradient and y gradient, and
+        the texture if the world has one."""
+        objects = [self.colour(cls)[:, None, None, None] * self.pattern(cls, oy, ox, frames, side)[None]
+                   for oy, ox in ((y, x), *more)]
         ys, xs = self.grid(side)
         planes = [torch.ones(side, side), (xs - (side - 1) / 2) / side, (ys - (side - 1) / 2) / side]
         bg = [self.background_vector[:, None, None, None] * p.expand(frames, side, side)[None] for p in planes]
         if self.config.texture:
             bg.append(self.texture_vector[:, None, None, None] * self.textured(pan, frames, side)[None])
-        return torch.stack([obj, *bg])
+        return torch.stack([*objects, *bg])
 
     def control(self, cls: int, y: int, x: int, frames: int = FRAMES, side: int = SIZE) -> torch.Tensor:
         """VACE's control for the object of class `cls` starting at (y, x), in the space the transformer sees:
         (VACE_CHANNELS, F, H, W): nothing inactive, the object's track at unit amplitude as the reactive frames (what
         a tracking control video encodes to), and the mask all ones (every pixel under control)."""
-        track = self.object_vector[:, None, None, None] * self.pattern(cls, y, x, frames, side)[None]
+        track = self.colour(cls)[:, None, None, None] * self.pattern(cls, y, x, frames, side)[None]
         return torch.cat([torch.zeros_like(track), track, torch.ones(VACE_CHANNELS - 2 * CHANNELS, frames, side, side)])
 
     def sample(self, n: int, g: torch.Generator, size: tuple[int, int] | None = None, controls: bool = False
@@ -197,7 +225,11 @@ class World:
                 coeffs.append(self.config.texture * float(torch.randn(1, generator=g)))
                 if self.config.pan:
                     pan = int(torch.randint(0, len(PANS), (1,), generator=g))
-            basis = self.basis(c, y, x, frames, side, pan)
+            more = []  # the class's other objects, drawn last (a one-object world draws what it always drew)
+            for _ in range(self.config.objects - 1):
+                more.append(starts[int(torch.randint(0, len(starts), (1,), generator=g))])
+                coeffs.insert(len(more), 0.5 + 0.5 * float(torch.rand(1, generator=g)))
+            basis = self.basis(c, y, x, frames, side, pan, tuple(more))
             latent = (torch.tensor(coeffs)[:, None, None, None, None] * basis).sum(0)
             out.append(latent + 0.02 * torch.randn(latent.shape, generator=g))
         if controls:
@@ -228,20 +260,37 @@ class World:
 
     def fit(self, latent: torch.Tensor) -> dict:
         """The nearest data template to a latent (C, F, H, W): for every class, start (and pan), the least-squares
-        amplitude and background; returns its relative L2 to the latent and its class."""
+        amplitude and background; returns its relative L2 to the latent and its class. In a world of several
+        objects a sample, each class's template is found greedily: the best one object, then the best next given
+        those found (at their pan)."""
         frames, side = latent.shape[1], latent.shape[3]
         target = latent.reshape(-1).double()
         best = None
         for c in range(len(self.classes)):
             places = [(y, x, pan) for y, x in self.starts(c, frames, side) for pan in range(len(self.pans))]
-            bases = torch.stack([self.basis(c, y, x, frames, side, pan).reshape(-1, target.numel())
-                                 for y, x, pan in places]).double()
-            gram = bases @ bases.transpose(1, 2)
-            rhs = bases @ target
-            coeffs = torch.linalg.solve(gram, rhs)
-            residual = target - (coeffs[:, :, None] * bases).sum(1)
-            errors = residual.norm(dim=1) / target.norm()
-            i = int(errors.argmin())
-            if best is None or errors[i] < best[0]:
-                best = (float(errors[i]), c, places[i])
-        return {"rel_l2": best[0], "class": best[1], "start": list(best[2][:2]), "pan": best[2][2]}
+            error, place = self._best(target, c, places, frames, side)
+            found = [place[:2]]
+            for _ in range(self.config.objects - 1):
+                places = [(y, x, place[2]) for y, x in self.starts(c, frames, side) if (y, x) not in found]
+                error, more = self._best(target, c, places, frames, side, tuple(found))
+                found.append(more[:2])
+            if best is None or error < best[0]:
+                best = (error, c, place, found[1:])
+        out = {"rel_l2": best[0], "class": best[1], "start": list(best[2][:2]), "pan": best[2][2]}
+        if best[3]:
+            out["more"] = [list(start) for start in best[3]]
+        return out
+
+    def _best(self, target: torch.Tensor, cls: int, places: list, frames: int, side: int,
+              found: tuple = ()) -> tuple[float, tuple]:
+        """The place (y, x, pan) of `places` whose template (with the objects `found` besides it) fits `target`
+        best by least squares: (its relative L2, the place)."""
+        bases = torch.stack([self.basis(cls, y, x, frames, side, pan, found).reshape(-1, target.numel())
+                             for y, x, pan in places]).double()
+        gram = bases @ bases.transpose(1, 2)
+        if found:  # two objects may overlap: a tiny ridge keeps the system solvable
+            gram = gram + 1e-9 * gram.diagonal(dim1=1, dim2=2).mean() * torch.eye(gram.shape[1], dtype=gram.dtype)
+        coeffs = torch.linalg.solve(gram, bases @ target)
+        errors = (target - (coeffs[:, :, None] * bases).sum(1)).norm(dim=1) / target.norm()
+        i = int(errors.argmin())
+        return float(errors[i]), places[i]

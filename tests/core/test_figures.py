@@ -31,6 +31,8 @@ QUOTED = {
         "estimate at 20 steps and {ours_error 40 / estimate} at 40",
     ]},
     "docs/quality.md": {"tuning": [
+        "| `tuning` | **tuning** | {bed layers} | blob and gabor, 4 motions | {bed sizes} | {bed training} | "
+        "{bed losses} | {bed fit} | {bed class right} | {bed sha} |",
         "| 20 (uni_pc, shift 8) | {ours_error 20 / target} | {ours_error 20 / estimate} | {ours_error 20 in band} "
         "targets | {ours_taylorseer 20 / target} | {ours_taylorseer 20 / estimate} | {ours_taylorseer 20 in band} |",
         "| 40 (euler, shift 5) | {ours_error 40 / target} | {ours_error 40 / estimate} | {ours_error 40 in band} | "
@@ -38,6 +40,8 @@ QUOTED = {
         "The defaults (target 0.02, chosen by `choose` on these results) cost {defaults 20} at 20 steps and "
         "{defaults 40} at 40 (median relative L2 / block cost)",
     ], "deep": [
+        "| `deep` | **tuning** (held out until issue 54) | {bed layers} | ring and square, 4 motions, texture 0.6 | "
+        "{bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | {bed sha} |",
         "| 20 (uni_pc, shift 8) | {ours_error 20 / target} | {ours_error 20 / estimate} | {ours_error 20 in band} "
         "targets | {ours_taylorseer 20 / target} | {ours_taylorseer 20 / estimate} | {ours_taylorseer 20 in band} |",
         "| 40 (euler, shift 5) | {ours_error 40 / target} | {ours_error 40 / estimate} | {ours_error 40 in band} | "
@@ -45,6 +49,9 @@ QUOTED = {
         "The defaults cost {defaults 20} at 20 steps (the block-cost bound 0.85 missed by one cached step) and "
         "{defaults 40} at 40. The budgets hold at 20 and 40 steps (0.03: {budget 0.03 20} and {budget 0.03 40}; 0.05: "
         "{budget 0.05 20} and {budget 0.05 40}; {budget work} runs of work)",
+    ], "wide": [
+        "| `wide` | **tuning** (held out until issue 54) | {bed layers} | blob and ring, 4 motions, texture 0.6, "
+        "camera pans | {bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | {bed sha} |",
     ]},
     "web/docs/Wan22CacheDiT.md": {"tuning": [
         "the measured median error was {ours_error / target} times the target",

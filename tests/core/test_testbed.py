@@ -3,6 +3,7 @@ keyed by what decides the weights, its training-only attention shortcut exact, a
 measure on every bed's data world (textures, pans and sizes included)."""
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
@@ -84,6 +85,9 @@ def test_the_tuning_bed_chooses_and_every_bed_says_whether_it_has_tuned():
         assert len({getattr(c, field) for c in configs}) > 1, field
     assert any(len(c.sizes) > 1 for c in configs)  # calibrating small and running large can be measured
     assert all(8 <= c.num_layers <= 16 for c in configs)
+    held_out = [testbed.BEDS[name] for name in testbed.BEDS if testbed.ROLES[name] == "held-out"]
+    assert len(held_out) >= 2  # built after the error criterion's design was frozen, from data unlike the others'
+    assert all(c.palette or c.objects > 1 for c in held_out)
 
 
 def test_a_config_comes_back_from_its_json():
@@ -149,3 +153,50 @@ def test_clean_data_fits_its_own_template_and_noise_fits_none(name):
         assert [f["class"] for f in fits] == classes.tolist()
         noise = world.fit(torch.randn(data[0].shape, generator=torch.Generator().manual_seed(6)))
         assert noise["rel_l2"] > 0.95
+
+
+# What the beds built before the new data options drew (world.py's defaults): a change that moves a draw of theirs
+# would silently make their cached weights another world's. A SHA-256 prefix of three samples and their classes.
+DRAWN_BEFORE = {"tuning": "9c71dc4c6b05f1d9", "deep": "cf8791b13cbae399", "wide": "20a1936556135eae",
+                "vace": "0d95d1a17e83ab27", "ti2v": "f03216f35ef7d5f9"}
+
+
+@pytest.mark.parametrize("name", DRAWN_BEFORE)
+def test_the_beds_built_before_the_new_data_options_draw_what_they_drew(name):
+    config = testbed.config_of(name)
+    x, classes, *_ = testbed.World(config).sample(3, torch.Generator().manual_seed(5), controls=config.vace)
+    drawn = hashlib.sha256(x.numpy().tobytes() + classes.numpy().tobytes()).hexdigest()[:16]
+    assert drawn == DRAWN_BEFORE[name]
+
+
+def test_a_palette_gives_each_class_its_own_colour_and_the_negative_none():
+    """A world with a palette: one colour a class, equal in norm and angle, their mean zero (what the negative
+    prompt's stream is trained towards shows no object colour), and each sample's object in its class's colour."""
+    world = testbed.World(testbed.config_of("follow"))
+    palette = world.palette.double()
+    assert palette.shape == (len(world.classes), testbed.CHANNELS)
+    assert palette.mean(0).abs().max() < 1e-6
+    gram = palette @ palette.T
+    assert torch.allclose(gram.diagonal(), torch.full((8,), 16.0, dtype=gram.dtype))
+    off = gram[~torch.eye(8, dtype=torch.bool)]
+    assert torch.allclose(off, off[0].expand_as(off)) and off[0] < 0  # a simplex: every pair at one angle
+    for cls in range(len(world.classes)):
+        y, x = world.starts(cls)[0]
+        obj = world.basis(cls, y, x)[0]
+        loading = obj.flatten(1) @ world.pattern(cls, y, x).flatten() / world.pattern(cls, y, x).square().sum()
+        assert torch.allclose(loading, world.palette[cls], atol=1e-5)
+
+
+def test_several_objects_are_found_where_they_are():
+    """A two-object world's fit finds both objects of a template built from known starts, in either order."""
+    config = testbed.config_of("crowd")
+    world = testbed.World(config)
+    frames, side = config.measured
+    cls = 5
+    starts = world.starts(cls, frames, side)
+    first, second = starts[1], starts[-2]
+    basis = world.basis(cls, *first, frames, side, pan=3, more=(second,))
+    latent = (torch.tensor([0.9, 0.6, 0.2, 0.3, -0.4, 0.5])[:, None, None, None, None] * basis).sum(0)
+    fit = world.fit(latent)
+    assert fit["class"] == cls and fit["pan"] == 3 and fit["rel_l2"] < 1e-4
+    assert sorted([tuple(fit["start"]), *map(tuple, fit["more"])]) == sorted([first, second])
