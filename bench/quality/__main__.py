@@ -86,6 +86,9 @@ def main() -> int:
     parser.add_argument("--budgets", action="store_true",
                         help="measure the error budgets' points only (20 and 40 steps), into the kept results of "
                              "the same weights (a change to the budget needs minutes, not the whole benchmark)")
+    parser.add_argument("--judge", action="store_true",
+                        help="judge the kept results again and rewrite their tables, measuring nothing (after a "
+                             "check was added or changed)")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child of --jobs: write its units here
     parser.add_argument("--units", help=argparse.SUPPRESS)
     add_output_arguments(parser, "a smoke test on a quick bed: a few points at 20 steps (quality_quick*)")
@@ -95,6 +98,17 @@ def main() -> int:
     if args.choose:
         with open(os.path.join(args.results_dir, "quality_tuning.json"), encoding="utf-8") as f:
             print(json.dumps({"chosen": choose(json.load(f)), "pack": pack_constants()}, indent=1))
+        return 0
+    if args.judge:
+        beds = {}
+        for name in testbed.BEDS:
+            path = os.path.join(args.results_dir, f"quality_{name}.json")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    beds[name] = json.load(f)
+                if name in (args.bed or testbed.BEDS):
+                    write_bed(f"quality_{name}", beds[name], args.results_dir)
+        write_summary(beds, args.results_dir, "quality")
         return 0
     if args.part:
         with open(args.part, "w", encoding="utf-8") as f:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from bench.quality.settings import (BAND, BAND_TARGETS, CHOICE_MARGIN, DEFAULTS_BOUND, LABELS, MAIN_STEPS,
-                                    MAX_BUDGET_WORK, OURS, QUICK_REFUSED_BUDGET, REFUSED_BUDGET, TARGETS)
+from bench.quality.settings import (BAND, BAND_TARGETS, CHOICE_MARGIN, DEFAULTS_BOUND, FRONTIER, FRONTIER_ERROR,
+                                    LABELS, MAIN_STEPS, MAX_BUDGET_WORK, OURS, QUICK_REFUSED_BUDGET, REFUSED_BUDGET,
+                                    TARGETS)
 
 
 def dominated_by_ours(theirs: dict, ours: list) -> dict | None:
@@ -46,6 +47,8 @@ def checks(bed: dict) -> list[dict]:
                                                              f"{best['block_cost']['median']:.3f})",
                         "holds": best is not None})
         out += band_checks(name, steps, r["points"])
+        if steps in FRONTIER:
+            out.append(frontier_check(name, steps, ours))
         budgets = [p for p in r["points"] if p["method"] == "budget"]
         below = [p for p in budgets if p["threshold"] in (REFUSED_BUDGET, QUICK_REFUSED_BUDGET)]
         if below:
@@ -71,6 +74,16 @@ def checks(bed: dict) -> list[dict]:
                         "holds": all(a >= b for a, b in zip(costs, costs[1:])) and costs[0] > costs[-1]})
     return out
 
+def frontier_check(name: str, steps: int, ours: list) -> dict:
+    """The fewest blocks any point of ours ran at a median error of FRONTIER_ERROR or less, against FRONTIER."""
+    within = [p for p in ours if p["rel_l2"]["median"] <= FRONTIER_ERROR]
+    best = min(within, key=lambda p: (p["block_cost"]["median"], p["rel_l2"]["median"]), default=None)
+    return {"check": f"{name}, {steps} steps: the frontier: at a median error <= {FRONTIER_ERROR:g}, "
+                     f"at most {FRONTIER[steps]:g} of the blocks run (our best point)",
+            "value": "none" if best is None else f"{point_text(best)} ({best['rel_l2']['median']:.4f}, "
+                                                 f"{best['block_cost']['median']:.3f})",
+            "holds": best is not None and best["block_cost"]["median"] <= FRONTIER[steps]}
+
 def in_band(p: dict) -> bool | None:
     """Whether an error-criterion point means its target: its median error within BAND x the target and x its
     median estimate; None for a point that caches nothing (a target below the smallest step: a right answer)."""
@@ -84,7 +97,7 @@ def band_checks(name: str, steps: int, points: list) -> list[dict]:
     """Item by item, the error criterion's targets 0.01 to 0.05 (plain and with TaylorSeer) in the band."""
     out = []
     for method in ("ours_error", "ours_taylorseer"):
-        swept = sorted((p for p in points if p["method"] == method
+        swept = sorted((p for p in points if p["method"] == method and "estimate" in p  # (none before the estimate)
                         and BAND_TARGETS[0] <= p["threshold"] <= BAND_TARGETS[1]), key=lambda p: p["threshold"])
         judged = [(p, in_band(p)) for p in swept]
         if not judged:

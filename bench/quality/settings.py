@@ -25,6 +25,9 @@ DEFAULTS_BOUND = {"rel_l2": 0.03, "block_cost": 0.85}
 CHOICE_MARGIN = 2 / 3  # the default target is chosen to keep the tuning bed at 2/3 of the error bound
 BAND = (0.67, 1.5)  # a target means its number: the measured median error within this share of it and of the estimate
 BAND_TARGETS = (0.01, 0.05)  # the targets the band is checked at
+# The frontier: where published 14B results sit (about 2.5x on the transformer): at a median error of FRONTIER_ERROR
+# or less, at most this share of the blocks run, per step count
+FRONTIER_ERROR, FRONTIER = 0.03, {20: 0.55, 40: 0.40}
 NATIVE_EVERY = 6
 LABELS = {"ours_error": "Cache-DiT, error criterion (target swept)",
           "ours_taylorseer": "Cache-DiT, error criterion + TaylorSeer (target swept)",

@@ -82,6 +82,17 @@ def test_the_band_check_fails_on_one_target_out_and_judges_only_the_targets_it_n
     assert [c["holds"] for c in judge.band_checks("b", 40, [inside, outside])] == [False]
 
 
+def test_the_frontier_needs_a_point_of_ours_within_its_error_at_its_share_of_the_blocks():
+    """At 20 steps: a point at a median error <= 0.03 and at most 0.55 of the blocks; a cheaper point with more
+    error, or a peer's, does not count; at 40 steps the bound is 0.40."""
+    frontier = "the frontier: at a median error <= 0.03, at most"
+    assert one(bed(point("ours_error", 0.03, 0.029, 0.55), point("ours_error", 0.05, 0.05, 0.3)), frontier)
+    assert not one(bed(point("ours_error", 0.03, 0.031, 0.5), point("lazycache", 0.2, 0.01, 0.4)), frontier)
+    assert not one(bed(point("ours_taylorseer", 0.03, 0.02, 0.56)), frontier)
+    assert one(bed(point("ours_threshold", 0.08, 0.02, 0.40), steps=40), frontier)
+    assert not one(bed(point("ours_threshold", 0.08, 0.02, 0.41), steps=40), frontier)
+
+
 def test_a_budget_holds_when_met_within_its_work_and_its_block_cost_falls_as_it_grows():
     assert one(bed(budget(0.03, 0.03, 0.8)), "budget 0.03 met")
     assert not one(bed(budget(0.03, 0.031, 0.8)), "budget 0.03 met")
