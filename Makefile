@@ -2,9 +2,6 @@
 # as-shipped runs; `make test-fuzz`: the fuzz suites' long runs).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
-# `make test` runs its files in TEST_WORKERS processes (pytest-xdist), one file each at a time, so a file's module
-# fixtures (servers, beds) start once; the machine's two cores by default.
-TEST_WORKERS ?= 2
 
 .PHONY: setup test test-slow test-fuzz demo bench quality clean distclean
 
@@ -13,7 +10,7 @@ setup:
 
 # The suite runs in a network namespace with only loopback (devtools/offline.sh) where the machine allows it.
 test: setup
-	devtools/offline.sh $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	devtools/offline.sh $(PY) -m pytest $(PYTEST_ARGS)
 
 # The long as-shipped runs (marker `slow`), left out of `make test`; CI runs both.
 test-slow: setup
