@@ -28,6 +28,7 @@ DIRECTIONS = {"right": (0, 1), "left": (0, -1), "down": (1, 0), "up": (-1, 0),  
 PANS = ((0, 0), (0, 1), (0, -1), (1, 0), (-1, 0))  # a camera pan: the background moves a pixel a frame
 STEP_PIXELS = 2
 MARGIN = 2  # the object's centre stays this far from the edges
+ANCHOR_REACH = 1  # an anchored class's starts: within this many latent pixels (each way) of its anchor
 VACE_CHANNELS = 96  # VACE's control: 16 inactive + 16 reactive latent channels, then the 64 channels of the mask
 
 
@@ -63,6 +64,7 @@ class BedConfig:
     objects: int = 1  # objects of the sample's class, each at its own start and amplitude
     speed: int = STEP_PIXELS  # latent pixels an object moves a frame
     texture_scale: float = 1.2  # the texture's smoothing (a Gaussian's sigma, latent pixels)
+    anchored: bool = False  # each class's objects start within ANCHOR_REACH of a start of its own, not anywhere
 
     @classmethod
     def from_dict(cls, values: dict) -> "BedConfig":
@@ -103,7 +105,8 @@ class World:
     and texture, the texture itself, the class prompts and the negative. Data and fits are made from it. A class
     is a shape and a direction; a sample is one object of its class moving over the frames, at a random start
     and amplitude, over a background (offset and gradients, random; a texture, panned or not). With `objects` > 1 a
-    sample has that many objects of its class; with a palette each class's object has its own colour."""
+    sample has that many objects of its class; with a palette each class's object has its own colour; anchored,
+    each class's objects start near a place of its own."""
 
     def __init__(self, config: BedConfig = BedConfig()):
         self.config = config
@@ -127,6 +130,8 @@ class World:
             basis, _ = torch.linalg.qr(torch.randn(config.channels, len(self.classes), generator=g))
             centred = basis - basis.mean(dim=1, keepdim=True)
             self.palette = F.normalize(centred.T, dim=1) * 4.0  # (classes, channels)
+        # anchored: where among its starts each class's anchor lies (a share of the list, so any size has one)
+        self.anchors = torch.rand(len(self.classes), generator=g).tolist() if config.anchored else None
         self._starts: dict = {}
 
     def colour(self, cls: int) -> torch.Tensor:
@@ -139,14 +144,18 @@ class World:
         return ys, xs
 
     def starts(self, cls: int, frames: int = FRAMES, side: int = SIZE) -> list[tuple[int, int]]:
-        """Every start (y, x) of class `cls` whose path stays inside the frame's margins."""
+        """Every start (y, x) of class `cls` whose path stays inside the frame's margins (in an anchored world, those
+        around the class's anchor)."""
         key = (cls, frames, side)
         if key not in self._starts:
             dy, dx = DIRECTIONS[self.classes[cls].split()[1]]
             travel = self.config.speed * (frames - 1)
-            self._starts[key] = [(y, x) for y in range(MARGIN, side - MARGIN) for x in range(MARGIN, side - MARGIN)
-                                 if MARGIN <= y + dy * travel < side - MARGIN
-                                 and MARGIN <= x + dx * travel < side - MARGIN]
+            starts = [(y, x) for y in range(MARGIN, side - MARGIN) for x in range(MARGIN, side - MARGIN)
+                      if MARGIN <= y + dy * travel < side - MARGIN and MARGIN <= x + dx * travel < side - MARGIN]
+            if self.anchors is not None:  # the class's anchor and the starts around it
+                ay, ax = starts[int(self.anchors[cls] * len(starts))]
+                starts = [(y, x) for y, x in starts if abs(y - ay) <= ANCHOR_REACH and abs(x - ax) <= ANCHOR_REACH]
+            self._starts[key] = starts
         return self._starts[key]
 
     def pattern(self, cls: int, y: int, x: int, frames: int = FRAMES, side: int = SIZE) -> torch.Tensor:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from devtools import testbed
+from devtools.testbed.world import ANCHOR_REACH
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +186,20 @@ def test_a_palette_gives_each_class_its_own_colour_and_the_negative_none():
         obj = world.basis(cls, y, x)[0]
         loading = obj.flatten(1) @ world.pattern(cls, y, x).flatten() / world.pattern(cls, y, x).square().sum()
         assert torch.allclose(loading, world.palette[cls], atol=1e-5)
+
+
+def test_an_anchored_class_starts_near_a_place_of_its_own():
+    """Anchored, each class's starts lie within ANCHOR_REACH of one another (one place each), every one also a
+    start of the same world unanchored; the classes' places differ."""
+    config = testbed.config_of("follow")
+    anchored, free = testbed.World(config), testbed.World(dataclasses.replace(config, anchored=False))
+    places = set()
+    for cls in range(len(anchored.classes)):
+        starts = anchored.starts(cls)
+        assert 1 <= len(starts) <= (2 * ANCHOR_REACH + 1) ** 2 and set(starts) <= set(free.starts(cls))
+        assert all(abs(a - b) <= 2 * ANCHOR_REACH for s in starts for t in starts for a, b in zip(s, t))
+        places.add(starts[0])
+    assert len(places) > 1
 
 
 def test_several_objects_are_found_where_they_are():
