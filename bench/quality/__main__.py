@@ -24,9 +24,21 @@ from bench.quality.report import write_bed, write_summary
 from bench.quality.settings import CALIBRATION, CASES, FEW_STEPS, MAIN_STEPS, RUNS
 
 
+def unit_cost(unit) -> int:
+    """A (bed, [steps]) unit's work, roughly: steps x layers x latent size."""
+    from devtools import testbed
+
+    config = testbed.config_of(unit[0])
+    return unit[1][0] * config.num_layers * math.prod(config.measured)
+
 def in_parts(units: list, args) -> list:
-    """(bed, steps) units measured by `args.jobs` child processes of one thread each, the longest first."""
-    groups = [units[i::args.jobs] for i in range(args.jobs)]
+    """(bed, steps) units measured by `args.jobs` child processes of one thread each: each unit, the longest first,
+    to the process with the least work so far."""
+    groups, loads = [[] for _ in range(args.jobs)], [0] * args.jobs
+    for unit in sorted(units, key=lambda u: -unit_cost(u)):
+        i = loads.index(min(loads))
+        groups[i].append(unit)
+        loads[i] += unit_cost(unit)
     with tempfile.TemporaryDirectory(prefix="wan22-quality-parts-") as tmp:
         procs = []
         for i, group in enumerate(g for g in groups if g):
@@ -124,7 +136,7 @@ def main() -> int:
         steps = args.steps or ([20] if args.quick else
                                [*MAIN_STEPS, *(FEW_STEPS if name == testbed.TUNING and not args.budgets else ())])
         units += [(name, [s]) for s in steps if s in MAIN_STEPS or not args.budgets]
-    units.sort(key=lambda u: -u[1][0] * testbed.config_of(u[0]).num_layers * math.prod(testbed.config_of(u[0]).measured))  # noqa: E501
+    units.sort(key=lambda u: -unit_cost(u))
     measured = (in_parts(units, args) if args.jobs > 1 and len(units) > 1 else
                 run_units(units, args.quick, args.budgets))
     beds = {}
