@@ -29,6 +29,10 @@ QUOTED = {
         "on `deep` {ours_error / target} times;",
         "measured {ours_error / target} times the target at 20 and 40 steps, {ours_error 20 / estimate} times its "
         "estimate at 20 steps and {ours_error 40 / estimate} at 40",
+    ], "follow": [
+        "at 20 steps `follow` measured {ours_error 20 / target} and `crowd`",
+    ], "crowd": [
+        "and `crowd` {ours_error 20 / target} times the target",
     ]},
     "docs/quality.md": {"tuning": [
         "| `tuning` | **tuning** | {bed layers} | blob and gabor, 4 motions | {bed sizes} | {bed training} | "
@@ -52,6 +56,23 @@ QUOTED = {
     ], "wide": [
         "| `wide` | **tuning** (held out until issue 54) | {bed layers} | blob and ring, 4 motions, texture 0.6, "
         "camera pans | {bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | {bed sha} |",
+    ], "follow": [
+        "| `follow`, 20 | {ours_error 20 / target} | {ours_error 20 / estimate} | {ours_error 20 in band} targets | "
+        "{ours_taylorseer 20 / target} | {ours_taylorseer 20 / estimate} | {ours_taylorseer 20 in band} |",
+        "| `follow`, 40 | {ours_error 40 / target} | {ours_error 40 / estimate} | {ours_error 40 in band} | "
+        "{ours_taylorseer 40 / target} | {ours_taylorseer 40 / estimate} | {ours_taylorseer 40 in band} |",
+        "| `follow` | **held-out** | {bed layers} | cross and bar, 4 motions, a colour and a place a class | "
+        "{bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | {bed sha} |",
+        "The defaults cost {defaults 20} and {defaults 40} on `follow`",
+    ], "crowd": [
+        "| `crowd`, 20 | {ours_error 20 / target} | {ours_error 20 / estimate} | {ours_error 20 in band} | "
+        "{ours_taylorseer 20 / target} | {ours_taylorseer 20 / estimate} | {ours_taylorseer 20 in band} |",
+        "| `crowd`, 40 | {ours_error 40 / target} | {ours_error 40 / estimate} | {ours_error 40 in band} | "
+        "{ours_taylorseer 40 / target} | {ours_taylorseer 40 / estimate} | {ours_taylorseer 40 in band} |",
+        "| `crowd` | **held-out** | {bed layers} | dot and cross, 4 motions, two objects, half speed, texture 0.8 "
+        "(coarser), camera pans | {bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | "
+        "{bed sha} |",
+        "{defaults 20} and {defaults 40} on `crowd`",
     ]},
     "web/docs/Wan22CacheDiT.md": {"tuning": [
         "the measured median error was {ours_error / target} times the target",
