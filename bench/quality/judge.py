@@ -8,8 +8,8 @@ import math
 import statistics
 
 from bench.quality.settings import (BAND, BAND_TARGETS, CHOICE_MARGIN, DEFAULTS_BOUND, FRONTIER, FRONTIER_ERROR,
-                                    LABELS, MAIN_STEPS, MAX_BUDGET_WORK, OURS, QUICK_REFUSED_BUDGET, REFUSED_BUDGET,
-                                    TARGETS)
+                                    LABELS, MAIN_STEPS, MAX_BUDGET_WORK, OURS, PEERS, QUICK_REFUSED_BUDGET,
+                                    REFUSED_BUDGET, TARGETS)
 
 
 def dominated_by_ours(theirs: dict, ours: list) -> dict | None:
@@ -36,7 +36,7 @@ def checks(bed: dict) -> list[dict]:
                     "holds": d["rel_l2"]["median"] <= DEFAULTS_BOUND["rel_l2"]
                     and d["block_cost"]["median"] <= DEFAULTS_BOUND["block_cost"]})
         ours = [p for p in r["points"] if p["method"] in OURS and "refused" not in p]
-        for theirs in (p for p in r["points"] if p["method"] in ("easycache", "lazycache", "spectrum")):
+        for theirs in (p for p in r["points"] if p["method"] in PEERS):
             if not (theirs["block_cost"]["median"] < 1 and theirs["rel_l2"]["median"] <= 0.1):
                 continue
             best = dominated_by_ours(theirs, ours)
@@ -74,10 +74,14 @@ def checks(bed: dict) -> list[dict]:
                         "holds": all(a >= b for a, b in zip(costs, costs[1:])) and costs[0] > costs[-1]})
     return out
 
+def frontier_best(ours: list) -> dict | None:
+    """The point of ours that ran the fewest blocks at a median error of FRONTIER_ERROR or less."""
+    within = [p for p in ours if p["rel_l2"]["median"] <= FRONTIER_ERROR]
+    return min(within, key=lambda p: (p["block_cost"]["median"], p["rel_l2"]["median"]), default=None)
+
 def frontier_check(name: str, steps: int, ours: list) -> dict:
     """The fewest blocks any point of ours ran at a median error of FRONTIER_ERROR or less, against FRONTIER."""
-    within = [p for p in ours if p["rel_l2"]["median"] <= FRONTIER_ERROR]
-    best = min(within, key=lambda p: (p["block_cost"]["median"], p["rel_l2"]["median"]), default=None)
+    best = frontier_best(ours)
     return {"check": f"{name}, {steps} steps: the frontier: at a median error <= {FRONTIER_ERROR:g}, "
                      f"at most {FRONTIER[steps]:g} of the blocks run (our best point)",
             "value": "none" if best is None else f"{point_text(best)} ({best['rel_l2']['median']:.4f}, "

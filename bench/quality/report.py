@@ -7,8 +7,9 @@ import json
 import os
 
 from bench.common import finish_grid, plot_grid
-from bench.quality.judge import checks, in_band
-from bench.quality.settings import BAND_TARGETS, CASES, COLOURS, DEFAULTS_BOUND, ESTIMATED, FLOOR, LABELS, MAIN_STEPS
+from bench.quality.judge import checks, dominated_by_ours, frontier_best, in_band, point_text
+from bench.quality.settings import (BAND_TARGETS, CASES, COLOURS, DEFAULTS_BOUND, ESTIMATED, FLOOR, FRONTIER, LABELS,
+                                    MAIN_STEPS, OURS, PEERS)
 
 
 def band_table(bed: dict) -> str:
@@ -175,8 +176,10 @@ def figures(bed: dict) -> dict[str, str]:
     """The figures the README and docs/ give of a bed's results, as they write them (tests/core/test_figures.py
     checks those pages against them): per step count, the defaults' and each budget's median error / block cost,
     and for the error criterion (plain and TaylorSeer) the band of measured / target and measured / estimate
-    over targets BAND_TARGETS, with how many targets are in band; the budgets' work in full runs; and the bed's
-    own figures (`bed ...`: its size, training, losses, what it generates, its files' SHA-256)."""
+    over targets BAND_TARGETS, with how many targets are in band; the budgets' work in full runs (all of them, and
+    each budget's with the target it calibrated); the fewest blocks a point of ours ran within the frontier's error
+    (`frontier <steps>`); the peer points no point of ours matches (`peers unmatched <steps>`); and the bed's own
+    figures (`bed ...`: its size, training, losses, what it generates, its files' SHA-256)."""
     out, work = bed_figures(bed["bed"]) if "bed" in bed else {}, []
     for r in bed["step_counts"]:
         s = r["steps"]
@@ -185,7 +188,18 @@ def figures(bed: dict) -> dict[str, str]:
                 continue
             name = "defaults" if p["method"] == "defaults" else f"budget {p['threshold']:g}"
             out[f"{name} {s}"] = f"{p['rel_l2']['median']:.4f} / {p['block_cost']['median']:.3f}"
-            work += [p["work_in_full_runs"]] if p["method"] == "budget" else []
+            if p["method"] == "budget":
+                work.append(p["work_in_full_runs"])
+                out[f"{name} {s} work"] = f"{p['work_in_full_runs']:.2f}"
+                out[f"{name} {s} target"] = f"{p['error_target']:.4f}"
+        ours = [p for p in r["points"] if p["method"] in OURS and "refused" not in p]
+        if s in FRONTIER:
+            best = frontier_best(ours)
+            out[f"frontier {s}"] = "none" if best is None else f"{best['block_cost']['median']:.3f}"
+        unmatched = [p for p in r["points"] if p["method"] in PEERS and p["block_cost"]["median"] < 1
+                     and p["rel_l2"]["median"] <= 0.1 and dominated_by_ours(p, ours) is None]
+        out[f"peers unmatched {s}"] = "; ".join(f"{point_text(p)} ({p['rel_l2']['median']:.4f}, "
+                                                f"{p['block_cost']['median']:.3f})" for p in unmatched) or "none"
         for method in ("ours_error", "ours_taylorseer"):
             swept = [p for p in r["points"] if p["method"] == method and "estimate" in p
                      and BAND_TARGETS[0] <= p["threshold"] <= BAND_TARGETS[1]]

@@ -40,5 +40,6 @@ COLOURS = {"ours_error": "#d62728", "ours_taylorseer": "#e377c2", "ours_dmd": "#
            "ours_threshold": "#8c564b", "defaults": "#ff7f0e",
            "easycache": "#2ca02c", "lazycache": "#1f77b4", "spectrum": "#9467bd", "budget": "#000000"}
 OURS = ("ours_error", "ours_taylorseer", "ours_dmd", "ours_foca", "ours_threshold", "defaults", "budget")
+PEERS = ("easycache", "lazycache", "spectrum")  # the other caches' points, judged against ours
 ESTIMATED = ("ours_error", "ours_taylorseer", "ours_dmd", "ours_foca", "defaults")  # points with the nodes' estimate
 FLOOR = 1e-5

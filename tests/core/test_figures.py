@@ -43,6 +43,7 @@ QUOTED = {
         "{ours_taylorseer 40 / target} | {ours_taylorseer 40 / estimate} | {ours_taylorseer 40 in band} |",
         "The defaults (target 0.02, chosen by `choose` on these results) cost {defaults 20} at 20 steps and "
         "{defaults 40} at 40 (median relative L2 / block cost)",
+        "{frontier 20} and {frontier 40} on `tuning`",
     ], "deep": [
         "| `deep` | **tuning** (held out until issue 54) | {bed layers} | ring and square, 4 motions, texture 0.6 | "
         "{bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | {bed sha} |",
@@ -53,6 +54,7 @@ QUOTED = {
         "The defaults cost {defaults 20} at 20 steps (the block-cost bound 0.85 missed by one cached step) and "
         "{defaults 40} at 40. The budgets hold at 20 and 40 steps (0.03: {budget 0.03 20} and {budget 0.03 40}; 0.05: "
         "{budget 0.05 20} and {budget 0.05 40}; {budget work} runs of work)",
+        "{frontier 20} and {frontier 40} on `deep`",
     ], "wide": [
         "| `wide` | **tuning** (held out until issue 54) | {bed layers} | blob and ring, 4 motions, texture 0.6, "
         "camera pans | {bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | {bed sha} |",
@@ -64,6 +66,10 @@ QUOTED = {
         "| `follow` | **held-out** | {bed layers} | cross and bar, 4 motions, a colour and a place a class | "
         "{bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | {bed sha} |",
         "The defaults cost {defaults 20} and {defaults 40} on `follow`",
+        "the best points of ours run {frontier 20} and {frontier 40} of the blocks on `follow` (20 and 40 steps)",
+        "(`follow` {budget 0.03 20} against {budget 0.05 20},",
+        "its calibration found a target ({budget 0.0005 40 target}) that cached a little and measured "
+        "{budget 0.0005 40}, over the budget",
     ], "crowd": [
         "| `crowd`, 20 | {ours_error 20 / target} | {ours_error 20 / estimate} | {ours_error 20 in band} | "
         "{ours_taylorseer 20 / target} | {ours_taylorseer 20 / estimate} | {ours_taylorseer 20 in band} |",
@@ -73,6 +79,10 @@ QUOTED = {
         "(coarser), camera pans | {bed sizes} | {bed training} | {bed losses} | {bed fit} | {bed class right} | "
         "{bed sha} |",
         "{defaults 20} and {defaults 40} on `crowd`",
+        "{frontier 20} and {frontier 40} on `crowd`",
+        "on `crowd` at 20 steps no point of ours has no more error and block cost than {peers unmatched 20}.",
+        "`crowd` the 0.05 at 20 steps ({budget 0.05 20}) took {budget 0.05 20 work} runs of work",
+        "`crowd` {budget 0.03 20} against {budget 0.05 20})",
     ]},
     "web/docs/Wan22CacheDiT.md": {"tuning": [
         "the measured median error was {ours_error / target} times the target",
@@ -117,3 +127,67 @@ def test_a_figure_changed_in_a_page_or_in_the_results_is_seen():
                     if p["method"] == "defaults")
     defaults["rel_l2"]["median"] += 0.001
     assert figures(tuning)["defaults 20"] != quoted["defaults 20"]
+
+
+def results_table(name: str) -> dict[str, dict[str, str]]:
+    """The first table of bench/results/<name>.md: its first column -> {header: cell}."""
+    with open(os.path.join(ROOT, "bench", "results", f"{name}.md"), encoding="utf-8") as f:
+        rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in f if line.startswith("|")]
+    header = rows[0]
+    return {row[0]: dict(zip(header, row)) for row in rows[2:] if len(row) == len(header) and row[0] != header[0]}
+
+
+def bench_passages() -> dict[str, list[str]]:
+    """The speed figures the README gives, as it writes them, from the speed and parallel benchmarks' tables."""
+    latest = results_table("latest")
+    speed = {run: row["speed-up vs native"] for run, row in latest.items()}
+    parallel = [float(row["speed-up vs 1 process"].rstrip("x")) for run, row in results_table("parallel").items()
+                if "2 workers" in run]
+    return {"README.md": [
+        f"with Cache-DiT at threshold 0.24, {speed['ours, Cache-DiT at 0.24 (random weights)']} native (ComfyUI's "
+        f"EasyCache {speed['native + EasyCache (defaults)']}; `bench/results/latest.md`)",
+        f"Two CPU workers ran {min(parallel):.2f}x to {max(parallel):.2f}x one process here on 6144 tokens "
+        "(`bench/results/parallel.md`)"]}
+
+
+def assert_says(page: str, passages: list[str], source: str):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        text = one_line(f.read())
+    for passage in passages:
+        assert passage in text, f"{page} should say, from {source}: {passage}"
+
+
+@pytest.mark.parametrize("page", list(bench_passages()))
+def test_each_quoted_speed_figure_is_the_committed_benchmark_tables(page):
+    assert_says(page, bench_passages()[page], "bench/results")
+
+
+def memory_passages() -> dict[str, list[str]]:
+    """The cache's memory at 720p x 81 frames (75,600 tokens of width 5,120, bf16) as the pages and the budget's
+    tooltip give it, from the pack's own count (cache_bytes): plain (two tensors a prompt stream) and TaylorSeer's."""
+    from wan22_cachedit.nodes.core import cache as C
+
+    def gb(streams: int, calibrator: str) -> str:
+        size = C.cache_bytes(tokens=21 * 45 * 80, width=5_120, itemsize=2, batch=1, streams=streams,
+                             calibrator=calibrator) / 1e9
+        return f"{size:.2f}" if size < 2 else f"{size:.1f}"
+
+    plain, plain1, ts, ts1 = gb(2, "none"), gb(1, "none"), gb(2, "taylorseer"), gb(1, "taylorseer")
+    unit = f"{75_600 * 5_120 * 2 / 1e9:.2f}"
+    return {
+        "README.md": [f"At the defaults the cache holds {plain} GB at 720p, 81 frames and CFG > 1 ({plain1} GB at "
+                      "CFG 1)"],
+        "docs/stack.md": [f"{unit} GB per prompt in bf16. So the cache holds **{plain} GB** at CFG > 1 (positive and "
+                          f"negative) and **{plain1} GB** at CFG 1 (LightX2V); with TaylorSeer or FoCa up to "
+                          f"{'five' if C.HELD_PER_STREAM['taylorseer'] == 5 else '?'} tensors per stream, {ts} GB "
+                          f"and {ts1} GB"],
+        "docs/quality.md": [f"{ts} GB at 720p and CFG > 1", f"{ts} GB instead of {plain} at 720p x 81 frames and "
+                                                              "CFG > 1"],
+        "web/docs/Wan22CacheBudget.md": [f"({ts} GB instead of {plain} at 720p x 81 frames, CFG > 1)"],
+        "nodes/budget_nodes.py": [f"720p x 81 frames and CFG > 1: {ts} GB instead of {plain})"],
+    }
+
+
+@pytest.mark.parametrize("page", list(memory_passages()))
+def test_each_quoted_memory_figure_is_the_packs_own_count(page):
+    assert_says(page, memory_passages()[page], "nodes/core/cache.py's cache_bytes")
