@@ -33,7 +33,13 @@ BEDS.update({
                        directions=("down-right", "up-left", "down-left", "up-right"), texture=0.8, pan=True,
                        sizes=((5, 12),), objects=2, speed=1, texture_scale=2.0),
 })
-ROLES = {TUNING: "tuning", "deep": "tuning", "wide": "tuning", "follow": "held-out", "crowd": "held-out"}
+# `path` (built 2026-12-07, after the criterion's design, as follow and crowd) takes the prompt further than
+# follow: each class's object has its colour and one start of its own, so the prompt fixes the object's path; over
+# four-frame clips on a panned texture, 6 layers trained longer.
+BEDS["path"] = BedConfig(num_layers=6, max_steps=2000, seed=7, shapes=("ring", "bar"), palette=True, anchored=True,
+                         anchor_reach=0, texture=0.5, texture_scale=1.6, pan=True, sizes=((4, 12),))
+ROLES = {TUNING: "tuning", "deep": "tuning", "wide": "tuning", "follow": "held-out", "crowd": "held-out",
+         "path": "held-out"}
 # The beds of the Wan2.2 family's other models, measured by bench/family.py (not by the cache-versus-peers suite):
 # VACE-Fun (the tuning bed's world and size, VACE blocks after every other main block, trained to follow the
 # object's track given as control frames) and TI2V-5B (one transformer over every noise level, 48 channels).

@@ -64,7 +64,8 @@ class BedConfig:
     objects: int = 1  # objects of the sample's class, each at its own start and amplitude
     speed: int = STEP_PIXELS  # latent pixels an object moves a frame
     texture_scale: float = 1.2  # the texture's smoothing (a Gaussian's sigma, latent pixels)
-    anchored: bool = False  # each class's objects start within ANCHOR_REACH of a start of its own, not anywhere
+    anchored: bool = False  # each class's objects start within anchor_reach of a start of its own, not anywhere
+    anchor_reach: int = ANCHOR_REACH  # anchored: 0 puts each class's object at one start (the prompt fixes its path)
 
     @classmethod
     def from_dict(cls, values: dict) -> "BedConfig":
@@ -154,7 +155,8 @@ class World:
                       if MARGIN <= y + dy * travel < side - MARGIN and MARGIN <= x + dx * travel < side - MARGIN]
             if self.anchors is not None:  # the class's anchor and the starts around it
                 ay, ax = starts[int(self.anchors[cls] * len(starts))]
-                starts = [(y, x) for y, x in starts if abs(y - ay) <= ANCHOR_REACH and abs(x - ax) <= ANCHOR_REACH]
+                reach = self.config.anchor_reach
+                starts = [(y, x) for y, x in starts if abs(y - ay) <= reach and abs(x - ax) <= reach]
             self._starts[key] = starts
         return self._starts[key]
 

@@ -200,6 +200,11 @@ def test_an_anchored_class_starts_near_a_place_of_its_own():
         assert all(abs(a - b) <= 2 * ANCHOR_REACH for s in starts for t in starts for a, b in zip(s, t))
         places.add(starts[0])
     assert len(places) > 1
+    one_start = testbed.World(dataclasses.replace(config, anchor_reach=0))  # the prompt fixes the path
+    for cls in range(len(anchored.classes)):
+        (start,) = one_start.starts(cls)
+        assert start in anchored.starts(cls)  # the anchor itself
+    assert len({one_start.starts(cls)[0] for cls in range(len(anchored.classes))}) > 1
 
 
 def test_several_objects_are_found_where_they_are():
