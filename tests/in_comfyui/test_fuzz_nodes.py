@@ -263,7 +263,7 @@ def graph(comfyui, tiny_models, parallel_experts, variant_experts):
     return prompt, specs, results_of(comfyui, result, fresh)
 
 
-@pytest.mark.fuzz_examples(800, 3000)
+@pytest.mark.fuzz_examples(400, 3000)
 def test_every_input_of_every_node_is_run_or_refused_by_name(comfyui, tiny_models, graph, examples, fuzz_tally):
     prompt, specs, expected = graph
     executor = comfyui.new_executor()
