@@ -33,9 +33,10 @@ BEDS.update({
                        directions=("down-right", "up-left", "down-left", "up-right"), texture=0.8, pan=True,
                        sizes=((5, 12),), objects=2, speed=1, texture_scale=2.0),
 })
-# `path` (built 2026-12-07, after the criterion's design, as follow and crowd) takes the prompt further than
+# `path` (built 2026-12-08, after the criterion's design, as follow and crowd) takes the prompt further than
 # follow: each class's object has its colour and one start of its own, so the prompt fixes the object's path; over
-# four-frame clips on a panned texture, 6 layers trained longer.
+# four-frame clips on a panned texture, 6 layers trained longer. It follows its prompt in 8 of 8 but fits a template
+# at 0.76 at CFG 4: a place the model must guess is not what keeps the fit high.
 BEDS["path"] = BedConfig(num_layers=6, max_steps=2000, seed=7, shapes=("ring", "bar"), palette=True, anchored=True,
                          anchor_reach=0, texture=0.5, texture_scale=1.6, pan=True, sizes=((4, 12),))
 ROLES = {TUNING: "tuning", "deep": "tuning", "wide": "tuning", "follow": "held-out", "crowd": "held-out",
