@@ -19,7 +19,7 @@ VACE-Fun pair trained to put the object where a control puts it, and a TI2V-5B s
 every noise level on a 48-channel latent). They are tiny and synthetic: they say how a cache's error behaves on
 models that denoise, not how a real Wan2.2 video looks.
 
-    .venv/bin/python -m devtools.testbed [--bed tuning deep wide follow crowd vace ti2v] [--force] [--quick]
+    .venv/bin/python -m devtools.testbed [--bed tuning deep wide follow crowd path vace ti2v] [--force] [--quick]
 """
 
 from devtools.testbed.beds import BEDS, FAMILY, QUICK, QUICKS, ROLES, TUNING, config_of

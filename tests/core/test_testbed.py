@@ -85,7 +85,7 @@ def test_the_tuning_bed_chooses_and_every_bed_says_whether_it_has_tuned():
     for field in ("num_layers", "heads", "shapes", "seed"):
         assert len({getattr(c, field) for c in configs}) > 1, field
     assert any(len(c.sizes) > 1 for c in configs)  # calibrating small and running large can be measured
-    assert all(8 <= c.num_layers <= 16 for c in configs)
+    assert all(6 <= c.num_layers <= 16 for c in configs)  # the README's "6 to 16 layers"
     held_out = [testbed.BEDS[name] for name in testbed.BEDS if testbed.ROLES[name] == "held-out"]
     assert len(held_out) >= 2  # built after the error criterion's design was frozen, from data unlike the others'
     assert all(c.palette or c.objects > 1 for c in held_out)
