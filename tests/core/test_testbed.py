@@ -147,8 +147,8 @@ def test_the_short_context_attention_equals_attention_over_all_512_rows():
 def test_clean_data_fits_its_own_template_and_noise_fits_none(name):
     config = testbed.config_of(name)
     world = testbed.World(config)
-    for size in config.sizes:
-        data, classes = world.sample(4, torch.Generator().manual_seed(5), size)
+    for size in config.sizes:  # four samples at the first size, two at the larger ones (where a fit costs most)
+        data, classes = world.sample(4 if size == config.sizes[0] else 2, torch.Generator().manual_seed(5), size)
         fits = [world.fit(x) for x in data]
         assert all(f["rel_l2"] < 0.15 for f in fits)  # the noise the data carries: about 0.05
         assert [f["class"] for f in fits] == classes.tolist()

@@ -3,6 +3,9 @@ the suite instead of `make bench`: each exits 0 and writes its *_quick results, 
 into a temporary folder (never over bench/results). Counts a benchmark cannot use are refused by name before
 anything starts. bench/gpu.py is tested by test_gpu_bench.py.
 
+bench.compile's and bench.family's quick runs are marked `slow` (make test-slow, which CI runs): the two longest
+after bench.quality's, they would keep `make test` over its 12 minutes.
+
 The quick runs start together, two at a time (`quick_runs`, the longest first), and each test waits for its own:
 most of them keep one core busy or wait on a server or a worker, so two side by side take about half the time
 of one after another (their figures claim nothing, and nothing here is timed). Seconds each, one at a time,
@@ -117,6 +120,7 @@ def test_bench_few_steps_quick(quick_runs):
     assert (tmp_path / "few_steps_quick.png").exists()
 
 
+@pytest.mark.slow  # inductor compiles four times (about 45 s alone): make test-slow, which CI runs
 def test_bench_compile_quick(quick_runs):
     tmp_path, _ = finished(quick_runs, "bench.compile")
     results = written(tmp_path, "compile_quick.json")
@@ -177,6 +181,7 @@ def test_bench_quality_quick(quick_runs):
     assert refused.returncode != 0 and "are from other weights" in refused.stderr and "make quality" in refused.stderr
 
 
+@pytest.mark.slow  # two quick beds trained and measured (about 36 s alone): make test-slow, which CI runs
 def test_bench_family_quick(quick_runs):
     tmp_path, _ = finished(quick_runs, "bench.family")
     results = written(tmp_path / "results", "family_quick.json")
