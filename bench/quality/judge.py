@@ -17,6 +17,15 @@ def dominated_by_ours(theirs: dict, ours: list) -> dict | None:
              and p["block_cost"]["median"] <= theirs["block_cost"]["median"]]
     return min(match, key=lambda p: (p["block_cost"]["median"], p["rel_l2"]["median"]), default=None)
 
+def our_points(points: list) -> list:
+    """The points of ours a peer is judged against: every setting and budget of ours that ran (not refused)."""
+    return [p for p in points if p["method"] in OURS and "refused" not in p]
+
+def judged_peers(points: list) -> list:
+    """The peers' points the peer check judges: those that skip something at a median error of 0.1 or less."""
+    return [p for p in points if p["method"] in PEERS and p["block_cost"]["median"] < 1
+            and p["rel_l2"]["median"] <= 0.1]
+
 def point_text(p: dict) -> str:
     return f"{p['method']} {p['threshold']:g}" if isinstance(p["threshold"], (int, float)) else \
         f"{p['method']} {p['threshold']}"
@@ -35,10 +44,8 @@ def checks(bed: dict) -> list[dict]:
                     "value": f"{d['rel_l2']['median']:.4f} at block cost {d['block_cost']['median']:.3f}",
                     "holds": d["rel_l2"]["median"] <= DEFAULTS_BOUND["rel_l2"]
                     and d["block_cost"]["median"] <= DEFAULTS_BOUND["block_cost"]})
-        ours = [p for p in r["points"] if p["method"] in OURS and "refused" not in p]
-        for theirs in (p for p in r["points"] if p["method"] in PEERS):
-            if not (theirs["block_cost"]["median"] < 1 and theirs["rel_l2"]["median"] <= 0.1):
-                continue
+        ours = our_points(r["points"])
+        for theirs in judged_peers(r["points"]):
             best = dominated_by_ours(theirs, ours)
             out.append({"check": f"{name}, {steps} steps: a point of ours at no more error and block cost than "
                                  f"{point_text(theirs)} ({theirs['rel_l2']['median']:.4f}, "

@@ -7,9 +7,10 @@ import json
 import os
 
 from bench.common import finish_grid, plot_grid
-from bench.quality.judge import checks, dominated_by_ours, frontier_best, in_band, point_text
+from bench.quality.judge import (checks, dominated_by_ours, frontier_best, in_band, judged_peers, our_points,
+                                 point_text)
 from bench.quality.settings import (BAND_TARGETS, CASES, COLOURS, DEFAULTS_BOUND, ESTIMATED, FLOOR, FRONTIER, LABELS,
-                                    MAIN_STEPS, OURS, PEERS)
+                                    MAIN_STEPS)
 
 
 def band_table(bed: dict) -> str:
@@ -192,12 +193,11 @@ def figures(bed: dict) -> dict[str, str]:
                 work.append(p["work_in_full_runs"])
                 out[f"{name} {s} work"] = f"{p['work_in_full_runs']:.2f}"
                 out[f"{name} {s} target"] = f"{p['error_target']:.4f}"
-        ours = [p for p in r["points"] if p["method"] in OURS and "refused" not in p]
+        ours = our_points(r["points"])
         if s in FRONTIER:
             best = frontier_best(ours)
             out[f"frontier {s}"] = "none" if best is None else f"{best['block_cost']['median']:.3f}"
-        unmatched = [p for p in r["points"] if p["method"] in PEERS and p["block_cost"]["median"] < 1
-                     and p["rel_l2"]["median"] <= 0.1 and dominated_by_ours(p, ours) is None]
+        unmatched = [p for p in judged_peers(r["points"]) if dominated_by_ours(p, ours) is None]
         out[f"peers unmatched {s}"] = "; ".join(f"{point_text(p)} ({p['rel_l2']['median']:.4f}, "
                                                 f"{p['block_cost']['median']:.3f})" for p in unmatched) or "none"
         for method in ("ours_error", "ours_taylorseer"):

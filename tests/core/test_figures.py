@@ -122,15 +122,18 @@ def filled(passage: str, figures_of: dict) -> str:
     return one_line(re.sub(r"\{([^{}]+)\}", lambda m: figures_of[m.group(1)], passage))
 
 
-@pytest.mark.parametrize("page", list(QUOTED))
-def test_each_quoted_figure_is_the_committed_results(page):
+def assert_says(page: str, passages: list[str], source: str):
     with open(os.path.join(ROOT, page), encoding="utf-8") as f:
         text = one_line(f.read())
+    for passage in passages:
+        assert passage in text, f"{page} should say, from {source}: {passage}"
+
+
+@pytest.mark.parametrize("page", list(QUOTED))
+def test_each_quoted_figure_is_the_committed_results(page):
     for bed, passages in QUOTED[page].items():
         figures_of = figures(results(bed))
-        for passage in passages:
-            expected = filled(passage, figures_of)
-            assert expected in text, f"{page} should say, from bench/results/quality_{bed}.json: {expected}"
+        assert_says(page, [filled(passage, figures_of) for passage in passages], f"bench/results/quality_{bed}.json")
 
 
 def test_a_figure_changed_in_a_page_or_in_the_results_is_seen():
@@ -168,13 +171,6 @@ def bench_passages() -> dict[str, list[str]]:
         "(`bench/results/parallel.md`)"]}
 
 
-def assert_says(page: str, passages: list[str], source: str):
-    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-        text = one_line(f.read())
-    for passage in passages:
-        assert passage in text, f"{page} should say, from {source}: {passage}"
-
-
 @pytest.mark.parametrize("page", list(bench_passages()))
 def test_each_quoted_speed_figure_is_the_committed_benchmark_tables(page):
     assert_says(page, bench_passages()[page], "bench/results")
@@ -185,19 +181,23 @@ def memory_passages() -> dict[str, list[str]]:
     tooltip give it, from the pack's own count (cache_bytes): plain (two tensors a prompt stream) and TaylorSeer's."""
     from wan22_cachedit.nodes.core import cache as C
 
-    def gb(streams: int, calibrator: str) -> str:
-        size = C.cache_bytes(tokens=21 * 45 * 80, width=5_120, itemsize=2, batch=1, streams=streams,
-                             calibrator=calibrator) / 1e9
-        return f"{size:.2f}" if size < 2 else f"{size:.1f}"
+    tokens, width, itemsize = 21 * 45 * 80, 5_120, 2  # 81 frames -> 21 latent frames of 45 x 80 at 720p
 
-    plain, plain1, ts, ts1 = gb(2, "none"), gb(1, "none"), gb(2, "taylorseer"), gb(1, "taylorseer")
-    unit = f"{75_600 * 5_120 * 2 / 1e9:.2f}"
+    def gb(size: float) -> str:
+        return f"{size / 1e9:.2f}" if size < 2e9 else f"{size / 1e9:.1f}"
+
+    def cache(streams: int, calibrator: str) -> str:
+        return gb(C.cache_bytes(tokens=tokens, width=width, itemsize=itemsize, batch=1, streams=streams,
+                                calibrator=calibrator))
+
+    plain, plain1, ts, ts1 = cache(2, "none"), cache(1, "none"), cache(2, "taylorseer"), cache(1, "taylorseer")
+    unit, held = gb(tokens * width * itemsize), {5: "five"}.get(C.HELD_PER_STREAM["taylorseer"], "?")
     return {
         "README.md": [f"At the defaults the cache holds {plain} GB at 720p, 81 frames and CFG > 1 ({plain1} GB at "
                       "CFG 1)"],
         "docs/stack.md": [f"{unit} GB per prompt in bf16. So the cache holds **{plain} GB** at CFG > 1 (positive and "
                           f"negative) and **{plain1} GB** at CFG 1 (LightX2V); with TaylorSeer or FoCa up to "
-                          f"{'five' if C.HELD_PER_STREAM['taylorseer'] == 5 else '?'} tensors per stream, {ts} GB "
+                          f"{held} tensors per stream, {ts} GB "
                           f"and {ts1} GB"],
         "docs/quality.md": [f"{ts} GB at 720p and CFG > 1", f"{ts} GB instead of {plain} at 720p x 81 frames and "
                                                               "CFG > 1"],
